@@ -1,0 +1,51 @@
+"""Static checks of the book: every page is in the table of contents, notebooks are clean and runnable on Colab."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import install_cell  # noqa: E402
+
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+TOC = (ROOT / "_toc.yml").read_text()
+MACHINE_PATH = re.compile(r"(?<![\w.:/~-])/(?:home|root|work|tmp|Users|mnt|opt)/[\w.-]+")
+
+
+def test_every_toc_entry_exists():
+    entries = re.findall(r"(?:file|root):\s*(\S+)", TOC)
+    missing = [e for e in entries if not any((ROOT / f"{e}{ext}").exists() for ext in (".ipynb", ".md"))]
+    assert entries and not missing, f"_toc.yml names pages that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", NOTEBOOKS + sorted((ROOT / "book").glob("*.md")), ids=lambda p: p.name)
+def test_page_is_in_toc(page):
+    assert page.relative_to(ROOT).with_suffix("").as_posix() in TOC
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_starts_with_title_and_install_cell(path):
+    nb = json.loads(path.read_text())
+    cells = nb["cells"]
+    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# ")
+    first_code = next(c for c in cells if c["cell_type"] == "code")
+    assert "".join(first_code["source"]) == install_cell.install_source(), (
+        f"{path.name}: the first code cell is not the install cell; run `python tools/install_cell.py`"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_executed_in_order_and_clean(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    counts = [c["execution_count"] for c in code]
+    assert all(n is not None for n in counts), f"{path.name}: some cells were never executed"
+    assert counts == list(range(1, len(code) + 1)), f"{path.name}: not executed top to bottom in one run"
+    for i, cell in enumerate(code):
+        for out in cell.get("outputs", []):
+            assert out["output_type"] != "error" or "raises-exception" in cell["metadata"].get("tags", [])
+            text = json.dumps(out.get("text", "")) + json.dumps(out.get("data", {}).get("text/plain", ""))
+            assert not MACHINE_PATH.search(text), f"{path.name}, code cell {i}: output shows a machine path"
