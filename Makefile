@@ -12,7 +12,7 @@ book: env mathjax html
 
 ## Run the whole test suite: unit, property and reference tests, and strict nbval over every notebook.
 test: env
-	TRANSFORMER_LIB_PRESET=tiny MPLBACKEND=Agg $(PY) -m pytest -n 2 --dist loadfile \
+	TRANSFORMER_LIB_PRESET=tiny $(PY) -m pytest -n 2 --dist loadfile \
 	    --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg tests book
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -45,8 +45,7 @@ html: env mathjax
 
 ## Run one notebook top to bottom and store its outputs: make execute NB=book/05_attention.ipynb
 execute: env
-	MPLBACKEND=Agg $(PY) -m jupyter nbconvert --to notebook --execute --inplace \
-	    --ExecutePreprocessor.timeout=3600 $(NB)
+	$(PY) tools/execute.py $(NB)
 
 ## Side-by-side speed measurements (each prints ratio=... last).
 bench: env

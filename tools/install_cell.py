@@ -14,7 +14,7 @@ MARKER = "# Colab: install transformer_lib when it is missing"
 
 def repository_url() -> str:
     """The repository URL, written once in _config.yml."""
-    match = re.search(r"^repository:\s*\n\s+url:\s*(\S+)", (ROOT / "_config.yml").read_text(), re.M)
+    match = re.search(r"^repository:\s*\n(?:\s+#.*\n)*\s+url:\s*(\S+)", (ROOT / "_config.yml").read_text(), re.M)
     if not match:
         sys.exit("_config.yml has no repository.url")
     return match.group(1)
