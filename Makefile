@@ -1,4 +1,8 @@
 # The two commands of the quickstart are `make book` and `make test`; the rest are their parts.
+
+# PyTorch's OpenMP threads spin while they wait; with two notebooks sharing two cores that spinning
+# slows small matrix products by an order of magnitude. Passive waiting keeps both threads useful.
+export OMP_WAIT_POLICY ?= PASSIVE
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
