@@ -15,8 +15,9 @@ MATHJAX_VERSION ?= 3.2.2
 book: env mathjax html
 
 ## Run the whole test suite: unit, property and reference tests, and strict nbval over every notebook.
+## Two workers on two cores, one thread each.
 test: env
-	TRANSFORMER_LIB_PRESET=tiny $(PY) -m pytest -n 2 --dist loadfile \
+	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile \
 	    --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg tests book
 
 $(VENV)/.installed: requirements.txt pyproject.toml

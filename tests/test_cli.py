@@ -1,0 +1,142 @@
+"""The command line (chapter 13b), run as a user runs it, in subprocesses: translation from arguments and
+standard input with lines kept aligned, invalid UTF-8, overlong input, unusable checkpoints and bad options give
+a message and an exit code, never a traceback; --help of every command."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_lib.cli import EXIT_INPUT, EXIT_OK, EXIT_USAGE, main, read_lines
+from transformer_lib.model import Transformer, TransformerConfig
+from transformer_lib.tokenizer import BPETokenizer
+from transformer_lib.training import CHECKPOINT_FORMAT, TrainConfig, save_checkpoint
+
+SENTENCES = ["Ein Hund läuft über die Straße.", "A dog runs across the street."]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A folder with model.pt: a small random model and a tokenizer trained on two sentences."""
+    folder = tmp_path_factory.mktemp("cli")
+    tokenizer = BPETokenizer.train(SENTENCES, 300)
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2,
+                                          n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_len=24))
+    save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "model", "model": model.state_dict(),
+                     "tokenizer": tokenizer.to_dict(), "model_config": model.config.to_dict(),
+                     "train_config": TrainConfig.from_preset("tiny").to_dict(), "step": 0, "epoch": 0,
+                     "history": []}, folder / "model.pt")
+    return folder
+
+
+def run(args: list[str], cwd: Path, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    """`python -m transformer_lib ARGS` in cwd, with one torch thread (the models are tiny)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100")
+    env.pop("TRANSFORMER_LIB_CHECKPOINT", None)
+    done = subprocess.run([sys.executable, "-m", "transformer_lib", *args], input=stdin, capture_output=True,
+                          cwd=cwd, env=env, timeout=120)
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    return done
+
+
+def test_translate_arguments_and_truncate_overlong_ones_with_a_warning(workdir):
+    args = ["translate", "-c", "model.pt", "--beam", "2", "Ein Hund.", "Ein Hund läuft. " * 20,
+            "Zwei Männer 😀"]
+    done = run(args, workdir)
+    assert done.returncode == EXIT_OK
+    assert done.stdout.decode("utf-8").count("\n") == 3
+    assert "warning: 1 sentence(s) longer than 23 tokens, the most the model has" in done.stderr.decode()
+
+
+def test_stdin_keeps_empty_lines_in_place_and_replaces_invalid_utf8(workdir):
+    text = b"Ein Hund.\n\nEin \xff\xfe Hund\r\n\n\xe6\x97\xa5\xe6\x9c\xac \x00 \x1b[0m\nletzte Zeile ohne Ende"
+    done = run(["translate", "-c", "model.pt", "--beam", "1"], workdir, stdin=text)
+    assert done.returncode == EXIT_OK
+    lines = done.stdout.decode("utf-8").split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == 6  # one output line per input line
+    assert lines[1] == "" and lines[3] == ""
+    assert "warning: standard input: 1 line(s) are not valid UTF-8 (line 3)" in done.stderr.decode()
+
+
+def test_input_and_output_files_with_a_progress_bar(workdir):
+    (workdir / "in.de").write_text("Ein Hund.\n\nZwei Männer.\n", encoding="utf-8")
+    done = run(["translate", "-c", "model.pt", "--beam", "1", "-i", "in.de", "-o", "out.en"], workdir)
+    assert done.returncode == EXIT_OK and done.stdout == b""
+    assert "translating" in done.stderr.decode()  # tqdm's bar, on standard error
+    out = (workdir / "out.en").read_text(encoding="utf-8").split("\n")
+    assert len(out) == 4 and out[1] == "" and out[3] == ""
+
+
+def test_unusable_checkpoints_exit_2_with_a_message(workdir, capsys, monkeypatch):
+    done = run(["translate", "-c", "missing/model.pt", "Hallo"], workdir)
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.decode().startswith("error: no checkpoint at missing/model.pt")
+    (workdir / "cut.pt").write_bytes((workdir / "model.pt").read_bytes()[:3000])
+    done = run(["translate", "-c", "cut.pt", "Hallo"], workdir)
+    assert done.returncode == EXIT_USAGE and "cut.pt is truncated or corrupt" in done.stderr.decode()
+    monkeypatch.delenv("TRANSFORMER_LIB_CHECKPOINT", raising=False)
+    assert main(["translate", "Hallo"]) == EXIT_USAGE
+    assert "no checkpoint given" in capsys.readouterr().err
+
+
+def test_evaluate_on_files(workdir, capsys, monkeypatch):
+    (workdir / "src.de").write_text("Ein Hund.\nZwei Männer.\n", encoding="utf-8")
+    (workdir / "ref.en").write_text("A dog.\nTwo men.\n", encoding="utf-8")
+    (workdir / "short.en").write_text("A dog.\n", encoding="utf-8")
+    done = run(["evaluate", "-c", "model.pt", "--beam", "1", "--src", "src.de", "--ref", "ref.en"], workdir)
+    assert done.returncode == EXIT_OK
+    assert "BLEU (cased, detokenized) = " in done.stdout.decode() and "case:mixed" in done.stdout.decode()
+    monkeypatch.chdir(workdir)
+    assert main(["evaluate", "-c", "model.pt", "--src", "src.de", "--ref", "short.en"]) == EXIT_INPUT
+    assert "src.de has 2 lines but short.en has 1" in capsys.readouterr().err
+    assert main(["evaluate", "-c", "model.pt", "--src", "nothing.de", "--ref", "ref.en"]) == EXIT_INPUT
+    assert "cannot read nothing.de" in capsys.readouterr().err
+
+
+def test_bad_options_exit_2_without_work(workdir, capsys):
+    bad_set = ["train", "--preset", "tiny", "--set", "max_minutes=soon", "--out", str(workdir / "r")]
+    assert main(bad_set) == EXIT_USAGE
+    assert "--set: max_minutes='soon': expected float" in capsys.readouterr().err
+    assert main(["train", "--set", "no_such_field=1"]) == EXIT_USAGE
+    (workdir / "run").mkdir()
+    (workdir / "run" / "last.pt").write_bytes(b"")
+    assert main(["train", "--preset", "tiny", "--out", str(workdir / "run")]) == EXIT_USAGE
+    assert "add --resume" in capsys.readouterr().err
+    assert main(["translate", "-c", str(workdir / "model.pt"), "--beam", "0", "x"]) == EXIT_USAGE
+    with pytest.raises(SystemExit) as exit_info:
+        main(["translate", "--beam", "four"])
+    assert exit_info.value.code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "translate"])
+def test_help_of_each_command(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: transformer-lib {command}")
+    options = {"train": ["--preset", "--resume", "--set"],
+               "evaluate": ["--split", "--src", "--ref", "--beam"],
+               "translate": ["--checkpoint", "--beam", "--batch-size", "--max-len"]}[command]
+    assert all(option in text for option in options)
+
+
+def test_module_and_console_script_print_the_same_help(workdir):
+    by_module = run(["--help"], workdir)
+    script = Path(sys.executable).with_name("transformer-lib")
+    env = dict(os.environ, COLUMNS="100")
+    by_script = subprocess.run([str(script), "--help"], capture_output=True, env=env)
+    assert by_module.returncode == by_script.returncode == 0
+    assert by_module.stdout == by_script.stdout and b"Exit codes" in by_module.stdout
+
+
+def test_read_lines():
+    assert read_lines(b"") == []
+    assert read_lines(b"a\n") == ["a"]
+    assert read_lines(b"a\r\n\nb") == ["a", "", "b"]
+    assert read_lines(b"\xef\xbb\xbfa\x0cb\n") == ["a\x0cb"]  # BOM dropped; a form feed is not a line break
+    with pytest.warns(UserWarning, match=r"x: 1 line\(s\) are not valid UTF-8 \(line 2\)"):
+        assert read_lines(b"ok\n\xff\n", "x") == ["ok", "\ufffd"]

@@ -1,0 +1,154 @@
+"""The Translator (chapter 13): one output per input, empty for empty, truncation with a warning, any text;
+BLEU as sacreBLEU computes it; unusable checkpoints give CheckpointError; cross-attention weights."""
+import warnings
+
+import pytest
+import torch
+
+from transformer_lib.model import Transformer, TransformerConfig
+from transformer_lib.tokenizer import BPETokenizer
+from transformer_lib.training import CHECKPOINT_FORMAT, CheckpointError, TrainConfig, save_checkpoint
+from transformer_lib.translate import (
+    Translator,
+    alignment,
+    bleu,
+    clean_text,
+    cross_attention,
+    evaluate,
+    evaluate_checkpoint,
+    preset_of,
+)
+
+torch.set_num_threads(1)
+SENTENCES = ["Ein Hund läuft über die Straße.", "Zwei Männer spielen Fußball.",
+             "A dog runs across the street."]
+
+
+@pytest.fixture(scope="module")
+def translator() -> Translator:
+    tokenizer = BPETokenizer.train(SENTENCES, 300)
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2,
+                                          n_encoder_layers=2, n_decoder_layers=2, d_ff=64, max_len=24))
+    return Translator(model, tokenizer)
+
+
+def checkpoint(translator: Translator, path, **changes) -> None:
+    """Save the translator's model in the format of transformer_lib.training, with some entries changed."""
+    obj = {"format": CHECKPOINT_FORMAT, "kind": "model", "model": translator.model.state_dict(),
+           "tokenizer": translator.tokenizer.to_dict(), "model_config": translator.model.config.to_dict(),
+           "train_config": TrainConfig.from_preset("cpu").to_dict(), "step": 0, "epoch": 0, "history": []}
+    save_checkpoint({**obj, **changes}, path)
+
+
+def test_one_output_per_input_and_empty_for_empty(translator):
+    inputs = ["", SENTENCES[0], "   ", "\t", SENTENCES[1], ""]
+    out = translator.translate(inputs, beam_size=2, batch_size=2)
+    assert len(out) == len(inputs)
+    assert [o == "" for o in out][:1] + [o == "" for o in out][2:4] + [out[5] == ""] == [True] * 4
+    assert translator.translate([]) == []
+    assert translator.translate(["", " "]) == ["", ""]
+
+
+def test_batching_does_not_change_translations(translator):
+    sentences = SENTENCES + ["Hund", "Ein Mann."]
+    together = translator.translate(sentences, beam_size=1, batch_size=64)
+    alone = [translator.translate([s], beam_size=1)[0] for s in sentences]
+    assert together == alone
+    assert translator.translate(sentences[::-1], beam_size=1, batch_size=2) == together[::-1]
+
+
+def test_long_input_is_truncated_with_a_warning(translator):
+    long = "Ein Hund läuft. " * 30
+    assert len(translator.tokenizer.encode(long)) > translator.max_source_tokens
+    with pytest.warns(UserWarning, match=r"2 sentence\(s\) longer than 23 tokens"):
+        out = translator.translate([long, "Hund", long], beam_size=1)
+    assert len(out) == 3
+    ids, cut = translator.encode([long])
+    assert cut == 1 and len(ids[0]) == translator.model.config.max_len and ids[0][-1] == 2
+
+
+def test_short_input_gives_no_warning(translator):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        translator.translate(SENTENCES, beam_size=1)
+
+
+def test_any_unicode_is_accepted(translator):
+    texts = ["😀 日本", "Ein\x00Hund\x1b[31m\u202e", "kaputt \udcff \ud800", "\u2028\ufeff", "é" * 5]
+    out = translator.translate(texts, beam_size=2)
+    assert len(out) == len(texts) and all(isinstance(o, str) for o in out)
+    assert clean_text("a\udcffb\ud800") == "a\ufffdb\ufffd"
+    assert clean_text("日本 😀") == "日本 😀"
+
+
+def test_translate_rejects_a_single_string_and_bad_sizes(translator):
+    with pytest.raises(TypeError, match="list of sentences"):
+        translator.translate("Ein Hund.")
+    with pytest.raises(ValueError, match="beam_size=0"):
+        translator.translate(["Ein Hund."], beam_size=0)
+
+
+def test_bleu_matches_sacrebleu_by_hand():
+    scores = bleu(["The cat sat on the mat."], ["The cat sat on a mat."])
+    assert scores["cased"] == round(100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25, 2) == 48.89
+    assert "case:mixed" in scores["signature"] and "case:lc" in scores["signature_lowercase"]
+    wrong_case = bleu(["the Cat sat on the mat."], ["The cat sat on a mat."])
+    assert wrong_case["lowercase"] == 48.89 > wrong_case["cased"]
+    assert bleu(["a b c d"], ["a b c d"])["cased"] == 100.0
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        bleu(["a", "b"], ["a"])
+
+
+def test_evaluate_scores_the_translations(translator):
+    pairs = [(s, "A dog.") for s in SENTENCES]
+    scores = evaluate(translator, pairs, beam_size=1)
+    assert len(scores["hypotheses"]) == 3
+    assert scores["cased"] == bleu(scores["hypotheses"], ["A dog."] * 3)["cased"]
+
+
+def test_from_checkpoint_round_trip_and_unusable_checkpoints(translator, tmp_path):
+    checkpoint(translator, tmp_path / "model.pt")
+    loaded = Translator.from_checkpoint(tmp_path, device="cpu")
+    assert loaded.translate(SENTENCES, beam_size=2) == translator.translate(SENTENCES, beam_size=2)
+    assert preset_of(loaded.info["train_config"]) == "cpu"
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        Translator.from_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "model.pt").read_bytes()[:2000])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        Translator.from_checkpoint(tmp_path / "cut.pt")
+    wrong = dict(translator.model.config.to_dict(), d_ff=128)
+    checkpoint(translator, tmp_path / "wrong.pt", model_config=wrong)
+    with pytest.raises(CheckpointError, match="does not hold a usable model"):
+        Translator.from_checkpoint(tmp_path / "wrong.pt")
+
+
+def test_tokenizer_and_model_must_agree(translator):
+    with pytest.raises(ValueError, match="do not belong together"):
+        Translator(translator.model, BPETokenizer.train(SENTENCES, 290))
+
+
+def test_cross_attention_weights(translator):
+    model = translator.model
+    src = torch.tensor([translator.encode([SENTENCES[0]])[0][0]])  # (1, S)
+    tgt = torch.tensor([[1, 40, 41, 42]])  # (1, T)
+    weights = cross_attention(model, src, tgt)
+    assert weights.shape == (2, 2, 4, src.size(1))  # (L, H, T, S)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 4))
+    assert not any(layer.keep_weights for layer in model.decoder.layers)
+    src_tokens, out_tokens, w = alignment(translator, SENTENCES[1], beam_size=2)
+    assert w.shape[2:] == (len(out_tokens), len(src_tokens))
+
+
+def test_evaluate_checkpoint_gives_the_fields_of_a_results_file(translator, tmp_path):
+    history = [{"kind": "setup", "device": "cpu", "parameters": 1}, {"kind": "val", "minutes": 1.25}]
+    checkpoint(translator, tmp_path / "model.pt", history=history, step=7)
+    with pytest.warns(UserWarning, match="truncated"):  # the model has only 24 positions
+        results = evaluate_checkpoint(tmp_path, splits=("val",), beam_size=1, device="cpu", command="make it")
+    assert set(results) >= {"preset", "command", "device", "torch_version", "train_minutes", "parameters",
+                            "bleu", "signature", "date"}
+    assert results["preset"] == "cpu" and results["command"] == "make it" and results["steps"] == 7
+    assert results["train_minutes"] == 1.2 and results["device"].startswith("CPU")
+    assert results["parameters"] == sum(p.numel() for p in translator.model.parameters())
+    assert set(results["bleu"]) == {"val"} and set(results["bleu"]["val"]) == {"cased", "lowercase"}
+    assert results["signature"].startswith("nrefs:1|case:mixed")
