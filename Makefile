@@ -50,7 +50,7 @@ html: env mathjax
 
 ## Run one notebook top to bottom and store its outputs: make execute NB=book/05_attention.ipynb
 execute: env
-	$(PY) tools/execute.py $(NB)
+	OMP_NUM_THREADS=1 $(PY) tools/execute.py $(NB)
 
 ## Side-by-side speed measurements (each prints ratio=... last).
 bench: env

@@ -1,0 +1,316 @@
+"""Tests for transformer_lib.training: the loss, the schedule, batching, configuration, checkpoints, kill and resume."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer_lib.training import (
+    PRESETS,
+    CheckpointError,
+    LabelSmoothingLoss,
+    NoamSchedule,
+    TrainConfig,
+    average_weights,
+    check_model_config,
+    load_checkpoint,
+    make_batch,
+    noam_rate,
+    parse_overrides,
+    save_checkpoint,
+    token_batches,
+    train,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- label smoothing
+
+
+def direct_kl(log_probs: torch.Tensor, labels: torch.Tensor, eps: float, pad: int = 0) -> torch.Tensor:
+    """KL(q || p) summed, with the smoothed distribution q written out entry by entry."""
+    n, v = log_probs.shape
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(n):
+        y = int(labels[i])
+        if y == pad:
+            continue
+        for c in range(v):
+            q = 0.0 if c == pad else (1 - eps) if c == y else eps / (v - 2)
+            if q > 0:
+                total += q * (math.log(q) - float(log_probs[i, c]))
+    return total
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.45])
+@pytest.mark.parametrize("pad", [0, 3])
+def test_label_smoothing_equals_direct_computation(eps, pad):
+    g = torch.Generator().manual_seed(1)
+    log_probs = (3 * torch.randn(9, 7, generator=g)).log_softmax(-1)
+    labels = torch.randint(0, 7, (9,), generator=g)
+    labels[[1, 4]] = pad
+    crit = LabelSmoothingLoss(7, pad_id=pad, smoothing=eps, reduction="sum")
+    assert crit(log_probs, labels).item() == pytest.approx(direct_kl(log_probs, labels, eps, pad).item(), abs=1e-5)
+    n_real = int((labels != pad).sum())
+    mean = LabelSmoothingLoss(7, pad_id=pad, smoothing=eps)(log_probs, labels)
+    assert mean.item() == pytest.approx(crit(log_probs, labels).item() / n_real, rel=1e-6)
+
+
+def test_label_smoothing_works_on_batched_shapes_and_ignores_padding():
+    g = torch.Generator().manual_seed(2)
+    log_probs = torch.randn(3, 5, 11, generator=g).log_softmax(-1)  # (B, T, V)
+    labels = torch.randint(1, 11, (3, 5), generator=g)
+    labels[0, 3:] = 0
+    labels[2, 1:] = 0
+    crit = LabelSmoothingLoss(11, smoothing=0.1, reduction="sum")
+    flat = crit(log_probs.reshape(-1, 11), labels.reshape(-1))
+    assert torch.allclose(crit(log_probs, labels), flat)
+    changed = log_probs.clone()
+    changed[labels == 0] = torch.randn(int((labels == 0).sum()), 11, generator=g).log_softmax(-1)
+    assert torch.equal(crit(changed, labels), crit(log_probs, labels))
+    # gradients never flow into padded positions
+    lp = log_probs.clone().requires_grad_()
+    crit(lp, labels).backward()
+    assert lp.grad[labels == 0].abs().max() == 0
+    assert lp.grad[labels != 0].abs().max() > 0
+
+
+def test_label_smoothing_is_zero_at_the_smoothed_target_and_differs_from_torch_smoothing():
+    v, eps = 6, 0.1
+    q = torch.full((1, v), eps / (v - 2))
+    q[0, 2] = 1 - eps
+    q[0, 0] = 1e-30  # <pad> gets (almost) nothing
+    crit = LabelSmoothingLoss(v, smoothing=eps, reduction="sum")
+    assert crit(q.log(), torch.tensor([2])).item() == pytest.approx(0.0, abs=1e-6)
+    # PyTorch's label_smoothing spreads eps over all V classes, <pad> included: a model that rightly gives <pad>
+    # no probability is penalised there, and not by our loss
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, v, generator=g)
+    logits[:, 0] = -20.0
+    log_probs = logits.log_softmax(-1)
+    labels = torch.tensor([1, 2, 3, 4])
+    ours = LabelSmoothingLoss(v, smoothing=eps)(log_probs, labels)
+    constant = (1 - eps) * math.log(1 - eps) + eps * math.log(eps / (v - 2))
+    torch_ce = F.cross_entropy(log_probs, labels, label_smoothing=eps)
+    assert torch_ce.item() - (ours - constant).item() > 0.2
+
+
+def test_label_smoothing_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="smoothing"):
+        LabelSmoothingLoss(10, smoothing=1.0)
+    with pytest.raises(ValueError, match="reduction"):
+        LabelSmoothingLoss(10, reduction="none")
+
+
+# ---------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize("d_model,warmup,factor", [(512, 4000, 1.0), (256, 2000, 2.0)])
+def test_schedule_matches_the_paper_formula(d_model, warmup, factor):
+    for step in [1, 2, 100, warmup - 1, warmup, warmup + 1, 10 * warmup]:
+        paper = factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert noam_rate(step, d_model, warmup, factor) == pytest.approx(paper, rel=1e-12)
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.Adam([param], lr=123.0)
+    sched = NoamSchedule(opt, d_model, warmup, factor)
+    for step in range(1, 2 * warmup + 1):
+        assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(step, d_model, warmup, factor), rel=1e-12)
+        opt.step()
+        sched.step()
+    assert max(range(1, 3 * warmup), key=lambda s: noam_rate(s, d_model, warmup)) == warmup
+    with pytest.raises(ValueError):
+        noam_rate(0, d_model, warmup)
+
+
+# ---------------------------------------------------------------- batching
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=300),
+    max_tokens=st.integers(1, 500),
+    seed=st.one_of(st.none(), st.integers(0, 10**6)),
+    epoch=st.integers(0, 50),
+    pool_size=st.integers(1, 400),
+)
+def test_batching_covers_every_sentence_exactly_once(lengths, max_tokens, seed, epoch, pool_size):
+    src, tgt = [s for s, _ in lengths], [t for _, t in lengths]
+    batches = token_batches(src, tgt, max_tokens, seed=seed, epoch=epoch, pool_size=pool_size)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert b
+        if len(b) > 1:  # a single over-long pair may exceed the budget on its own
+            assert len(b) * max(max(src[i] for i in b), max(tgt[i] for i in b)) <= max_tokens
+    assert batches == token_batches(src, tgt, max_tokens, seed=seed, epoch=epoch, pool_size=pool_size)
+
+
+def test_batching_shuffles_by_epoch_and_reduces_padding():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(2, 40, (2000,), generator=g).tolist()
+    tgt = [max(2, s + d) for s, d in zip(src, torch.randint(-3, 4, (2000,), generator=g).tolist())]
+    a = token_batches(src, tgt, 800, seed=0, epoch=0)
+    assert a != token_batches(src, tgt, 800, seed=0, epoch=1)
+    assert a != token_batches(src, tgt, 800, seed=1, epoch=0)
+    from transformer_lib.training import padding_fraction
+
+    random_batches = [list(range(i, min(i + 30, 2000))) for i in range(0, 2000, 30)]
+    assert padding_fraction(a, src, tgt) < 0.1 < padding_fraction(random_batches, src, tgt)
+
+
+def test_make_batch_shifts_targets():
+    b = make_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]])
+    assert b.src.tolist() == [[5, 6, 7, 2], [8, 2, 0, 0]]
+    assert b.tgt_in.tolist() == [[1, 9, 10, 0], [1, 11, 12, 13]]
+    assert b.tgt_out.tolist() == [[9, 10, 2, 0], [11, 12, 13, 2]]
+    assert (b.n_src_tokens, b.n_tgt_tokens) == (6, 7)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_presets_and_overrides():
+    assert set(PRESETS) == {"tiny", "cpu", "gpu"}
+    for name in PRESETS:
+        assert TrainConfig.from_preset(name).d_model % TrainConfig.from_preset(name).n_heads == 0
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        TrainConfig.from_preset("huge")
+    with pytest.raises(ValueError, match="d_modle"):
+        TrainConfig.from_preset("cpu", d_modle=3)
+    values = parse_overrides(["d_model=128", "dropout=0.2", "norm_first=true", "max_steps=none", "betas=0.9,0.99",
+                              "amp=off", "max-minutes=5"])
+    assert values == {"d_model": 128, "dropout": 0.2, "norm_first": True, "max_steps": None, "betas": (0.9, 0.99),
+                      "amp": "off", "max_minutes": 5.0}
+    config = TrainConfig.from_preset("tiny", **values)
+    assert (config.d_model, config.max_minutes, config.epochs) == (128, 5.0, PRESETS["tiny"]["epochs"])
+    assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    for bad, match in [("warmup=soon", "warmup"), ("colour=blue", "colour"), ("d_model", "key=value"),
+                       ("norm_first=maybe", "norm_first")]:
+        with pytest.raises(ValueError, match=match):
+            parse_overrides([bad])
+    with pytest.raises(ValueError, match="n_heads"):
+        TrainConfig(d_model=100, n_heads=3)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_round_trip_and_errors(tmp_path):
+    path = save_checkpoint({"format": "transformer_lib.training/1", "w": torch.arange(5.0), "cfg": {"a": 1}},
+                           tmp_path / "c.pt")
+    assert torch.equal(load_checkpoint(path)["w"], torch.arange(5.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary files left behind
+    data = path.read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated.pt is truncated or corrupt"):
+        load_checkpoint(tmp_path / "truncated.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="garbage.pt"):
+        load_checkpoint(tmp_path / "garbage.pt")
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"something": 1}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="not a checkpoint of transformer_lib"):
+        load_checkpoint(tmp_path / "foreign.pt")
+
+
+def test_config_mismatch_names_the_fields():
+    saved = {"d_model": 64, "n_heads": 2, "vocab_size": 500}
+    check_model_config(saved, dict(saved), "run/last.pt")
+    with pytest.raises(CheckpointError, match=r"d_model: checkpoint has 64, requested 128.*n_heads") as info:
+        check_model_config(saved, {**saved, "d_model": 128, "n_heads": 4}, "run/last.pt")
+    assert "vocab_size" not in str(info.value)
+
+
+def test_average_weights():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
+    b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(3)}
+    avg = average_weights([a, b])
+    assert torch.equal(avg["w"], torch.tensor([2.0, 4.0])) and avg["w"].dtype == torch.float32
+    assert torch.equal(average_weights([a])["w"], a["w"])
+
+
+# ---------------------------------------------------------------- kill and resume
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    torch.set_num_threads(1)
+    from transformer_lib.tokenizer import BPETokenizer
+    from transformer_lib.training import TrainConfig, train
+    config = TrainConfig.from_preset(
+        "tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1,
+        train_subset=300, max_tokens=400, warmup=20, epochs=5, log_every=3, average_last=2, seed=7)
+    train(config, sys.argv[1], resume=sys.argv[2] == "resume", progress=False,
+          tokenizer=BPETokenizer.load(sys.argv[3]))
+    """
+)
+
+
+def _run(out: Path, mode: str, tokenizer_path: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), mode, str(tokenizer_path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _losses(out: Path) -> list[tuple]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["kind"], r["step"], r.get("loss"), r.get("nll"), r.get("lr"), r.get("val_loss"))
+            for r in records if r["kind"] != "setup"]
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory):
+    from transformer_lib.data import load_multi30k
+    from transformer_lib.tokenizer import BPETokenizer
+
+    pairs = load_multi30k("train")[:300]
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=400).save(path)
+    return path
+
+
+def test_killed_run_resumes_to_identical_weights_and_losses(tmp_path, small_tokenizer):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    reference = _run(full, "new", small_tokenizer)  # runs alongside the killed one
+    victim = _run(killed, "new", small_tokenizer)
+    deadline = time.time() + 120
+    while not (killed / "last.pt").exists():
+        assert victim.poll() is None, victim.communicate()[1].decode()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait() == -signal.SIGKILL
+    first = load_checkpoint(killed / "last.pt")
+    assert first["epoch"] < 5, "the run finished before it could be killed"
+    resumed = _run(killed, "resume", small_tokenizer)
+    for proc in (reference, resumed):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()[-3000:]
+
+    a, b = load_checkpoint(full / "last.pt"), load_checkpoint(killed / "last.pt")
+    assert a["step"] == b["step"] > first["step"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for name, tensor in load_checkpoint(full / "model.pt")["model"].items():
+        assert torch.equal(tensor, load_checkpoint(killed / "model.pt")["model"][name]), name
+    assert _losses(full) == _losses(killed)
+    assert len([r for r in _losses(full) if r[0] == "train"]) >= 10
+    assert len(list(killed.glob("epoch*.pt"))) == 2  # only the snapshots that average_last needs are kept
+
+    # a resume with a different model names the field; a fresh run refuses to overwrite
+    with pytest.raises(CheckpointError, match="d_model: checkpoint has 32, requested 48"):
+        train(TrainConfig.from_preset("tiny", d_model=48, n_heads=2), full, resume=True, progress=False)
+    with pytest.raises(CheckpointError, match="already exists"):
+        train(TrainConfig.from_preset("tiny"), full, progress=False)
