@@ -1,14 +1,16 @@
 """Training throughput and peak memory of the `cpu` preset, ours beside a plain torch.nn.Transformer.
 
-Both models have the cpu preset's shape (d_model 256, 4 heads, 3+3 layers, d_ff 1024, dropout 0.1, the joint
-8000-token vocabulary, tied embeddings) and take the same training step on the same real Multi30k batches
-(token-count batches of max_tokens=4000): LabelSmoothingLoss on the real target positions, Adam with the
-paper's betas and the Noam schedule, gradient clipping. Throughput counts real (non-pad) source + target tokens
-per second; repeats alternate between the two models, after warm-up, and the median is reported. Peak memory is
-the process's maximum resident set size (resource.getrusage) after our model's steps, before the reference
-model exists. Without --quick it also runs `train()` itself for a few dozen steps and prints the throughput it
-logs (batching and logging included), and our step under bf16 autocast on the CPU.
+Both models have the cpu preset's shape and precision (read from PRESETS["cpu"]: d_model 256, 4 heads, 3+3
+layers, d_ff 1024, dropout 0.1, the joint 8000-token vocabulary, tied embeddings) and take the same training
+step on the same real Multi30k batches (token-count batches of the preset's max_tokens): LabelSmoothingLoss on
+the real target positions, Adam with the paper's betas and the Noam schedule, gradient clipping. Throughput
+counts real (non-pad) source + target tokens per second; repeats alternate between the two models, after
+warm-up, and the median is reported. Peak memory is the process's maximum resident set size
+(resource.getrusage) after our model's steps, before the reference model exists. Without --quick it also
+times our step in the other precision (float32 or bf16 autocast) and runs `train()` itself for 60 steps,
+printing the throughput it logs (batching and logging included).
 
+The machine this runs on may be shared: absolute numbers are noisy, the side-by-side ratio less so.
 Last line: ratio=<our tokens/s / reference tokens/s> (1.0 or more: ours is no slower).
 """
 import argparse
@@ -33,6 +35,7 @@ from transformer_lib.training import (
     batch_loss,
     encode_pairs,
     make_batch,
+    resolve_amp,
     token_batches,
     train,
 )
@@ -105,9 +108,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    n_batches, repeats = (3, 3) if args.quick else (12, 5)
+    n_batches, repeats = (2, 2) if args.quick else (8, 5)
 
     config = TrainConfig.from_preset("cpu")
+    amp = resolve_amp(config.amp, torch.device("cpu"))
+    precision = "float32" if amp is None else f"{str(amp).replace('torch.', '')} autocast"
     tokenizer = multi30k_tokenizer(config.vocab_size)
     pairs = load_multi30k("train")[:3000]
     src, tgt = encode_pairs(pairs, tokenizer, config.max_len)
@@ -116,42 +121,43 @@ def main() -> None:
     criterion = LabelSmoothingLoss(tokenizer.vocab_size, smoothing=config.label_smoothing, reduction="sum")
     print(f"cpu preset: d_model {config.d_model}, {config.n_heads} heads, {config.n_encoder_layers}+"
           f"{config.n_decoder_layers} layers, d_ff {config.d_ff}, vocabulary {tokenizer.vocab_size}, "
-          f"max_tokens {config.max_tokens}; {torch.get_num_threads()} threads, torch {torch.__version__}")
+          f"max_tokens {config.max_tokens}, {precision}; {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"{len(batches)} batches per repeat, {sum(b.src.shape[0] for b in batches) / len(batches):.0f} "
           f"sentences per batch on average, {repeats} repeats, median reported")
 
     torch.manual_seed(0)
     ours = Transformer(config.model_config(tokenizer.vocab_size))
-    ours_step = step_fn(ours, lambda b: batch_loss(ours, b, criterion)[0], config, None)
+    ours_step = step_fn(ours, lambda b: batch_loss(ours, b, criterion)[0], config, amp)
     tokens_per_second(ours_step, batches[:1])  # warm-up
-    first = tokens_per_second(ours_step, batches)
+    ours_runs = [tokens_per_second(ours_step, batches)]
     print(f"peak memory (max RSS) after our training steps: {peak_rss_mb():.0f} MB; "
           f"parameters {sum(p.numel() for p in ours.parameters()) / 1e6:.2f} M")
 
     torch.manual_seed(0)
     ref = Reference(tokenizer.vocab_size, config)
-    ref_step = step_fn(ref, lambda b: ref.loss(b, criterion), config, None)
+    ref_step = step_fn(ref, lambda b: ref.loss(b, criterion), config, amp)
     tokens_per_second(ref_step, batches[:1])  # warm-up
-    ours_runs, ref_runs = [first], []
+    ref_runs = []
     for _ in range(repeats):
         ref_runs.append(tokens_per_second(ref_step, batches))
         if len(ours_runs) < repeats:
             ours_runs.append(tokens_per_second(ours_step, batches))
     ours_tps, ref_tps = statistics.median(ours_runs), statistics.median(ref_runs)
-    print(f"ours (float32):               {ours_tps:8.0f} tokens/s")
-    print(f"torch.nn.Transformer (float32): {ref_tps:8.0f} tokens/s")
+    print(f"ours ({precision}):                 {ours_tps:8.0f} tokens/s")
+    print(f"torch.nn.Transformer ({precision}): {ref_tps:8.0f} tokens/s")
 
     if not args.quick:
-        bf16_step = step_fn(ours, lambda b: batch_loss(ours, b, criterion)[0], config, torch.bfloat16)
-        tokens_per_second(bf16_step, batches[:2])
-        bf16 = statistics.median(tokens_per_second(bf16_step, batches) for _ in range(3))
-        print(f"ours (bf16 autocast on CPU):  {bf16:8.0f} tokens/s")
+        other = torch.bfloat16 if amp is None else None
+        other_step = step_fn(ours, lambda b: batch_loss(ours, b, criterion)[0], config, other)
+        tokens_per_second(other_step, batches[:1])
+        other_tps = statistics.median(tokens_per_second(other_step, batches) for _ in range(3))
+        print(f"ours ({'float32' if other is None else 'bf16 autocast'}):               {other_tps:8.0f} tokens/s")
         with tempfile.TemporaryDirectory() as tmp:
             run = TrainConfig.from_preset("cpu", max_steps=60, log_every=20, train_subset=6000, average_last=1)
             train(run, Path(tmp) / "run", progress=False, tokenizer=tokenizer)
             records = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
             logged = [r["tokens_per_s"] for r in records if r["kind"] == "train"][1:]  # the first window warms up
-            print(f"train() end to end (steps 21-60, cpu preset): {statistics.median(logged):8.0f} tokens/s")
+            print(f"train() end to end (cpu preset, steps 21-60): {statistics.median(logged):8.0f} tokens/s")
         print(f"peak memory (max RSS) of the whole benchmark: {peak_rss_mb():.0f} MB")
     print(f"ratio={ours_tps / ref_tps:.2f}")
 
