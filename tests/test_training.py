@@ -158,7 +158,8 @@ def test_batching_covers_every_sentence_exactly_once(lengths, max_tokens, seed, 
 def test_batching_shuffles_by_epoch_and_reduces_padding():
     g = torch.Generator().manual_seed(0)
     src = torch.randint(2, 40, (2000,), generator=g).tolist()
-    tgt = [max(2, s + d) for s, d in zip(src, torch.randint(-3, 4, (2000,), generator=g).tolist())]
+    shifts = torch.randint(-3, 4, (2000,), generator=g).tolist()
+    tgt = [max(2, s + d) for s, d in zip(src, shifts, strict=True)]
     a = token_batches(src, tgt, 800, seed=0, epoch=0)
     assert a != token_batches(src, tgt, 800, seed=0, epoch=1)
     assert a != token_batches(src, tgt, 800, seed=1, epoch=0)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 from tqdm import tqdm
@@ -40,7 +39,7 @@ def pad_ids(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor
     if len(seqs) == 0:
         raise ValueError("pad_ids needs at least one sequence")
     out = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)  # (N, L)
-    for row, seq in zip(out, seqs):
+    for row, seq in zip(out, seqs, strict=True):
         row[: len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     return out
 
@@ -228,7 +227,7 @@ def encode_pairs(
 # %% ../book/11_training.ipynb #f14de3d4
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run; TrainConfig.from_preset("cpu") gives these defaults."""
+    """Everything that defines a training run; PRESETS holds tuned values, TrainConfig.from_preset applies one."""
 
     # the model (TransformerConfig's fields; the vocabulary size comes from the tokenizer)
     d_model: int = 256
@@ -577,10 +576,11 @@ def train(
         _set_rng_state(state["rng"])
     _write_metrics(metrics_path, history, mode="w")
     if progress:
-        n_batches = len(token_batches(src_lens, tgt_lens, config.max_tokens, seed=config.seed, epoch=epoch))
+        first = token_batches(src_lens, tgt_lens, config.max_tokens, seed=config.seed, epoch=epoch)
         precision = "float32" if amp is None else f"{str(amp).replace('torch.', '')} autocast"
         tqdm.write(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device} ({precision}); "
-                   f"{len(train_src)} training pairs in {n_batches} batches per epoch"
+                   f"{len(train_src)} training pairs in {len(first)} batches per epoch "
+                   f"({padding_fraction(first, src_lens, tgt_lens):.0%} padding)"
                    + (f"; resuming at step {step}" if state is not None else ""))
 
     def log(record: dict[str, Any]) -> None:
