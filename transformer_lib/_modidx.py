@@ -276,6 +276,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'transformer_lib/training.py'),
                                           'transformer_lib.training.check_model_config': ( 'training.html#check_model_config',
                                                                                            'transformer_lib/training.py'),
+                                          'transformer_lib.training.cooldown_factor': ( 'training.html#cooldown_factor',
+                                                                                        'transformer_lib/training.py'),
                                           'transformer_lib.training.encode_pairs': ( 'training.html#encode_pairs',
                                                                                      'transformer_lib/training.py'),
                                           'transformer_lib.training.encode_source': ( 'training.html#encode_source',

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['PRESETS', 'CHECKPOINT_FORMAT', 'pad_ids', 'Batch', 'make_batch', 'encode_source', 'LabelSmoothingLoss', 'noam_rate',
-           'NoamSchedule', 'token_batches', 'padding_fraction', 'batch_loss', 'average_weights', 'encode_pairs',
-           'TrainConfig', 'parse_overrides', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
+           'cooldown_factor', 'NoamSchedule', 'token_batches', 'padding_fraction', 'batch_loss', 'average_weights',
+           'encode_pairs', 'TrainConfig', 'parse_overrides', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
            'check_model_config', 'resolve_device', 'resolve_amp', 'evaluate', 'TrainResult', 'train', 'load_model',
            'plot_losses']
 
@@ -127,16 +127,33 @@ def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> floa
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-class NoamSchedule(LRScheduler):
-    """Sets every parameter group's learning rate to noam_rate(k) for the k-th optimiser step (Sec 5.3)."""
+def cooldown_factor(progress: float, cooldown: float) -> float:
+    """1 until the last `cooldown` fraction of a run's budget, then a linear fall to 0 at progress 1."""
+    if not 0.0 <= cooldown <= 1.0:
+        raise ValueError(f"cooldown={cooldown} must be a fraction of the budget, in [0, 1]")
+    if cooldown == 0.0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / cooldown))
 
-    def __init__(self, optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0) -> None:
-        self.d_model, self.warmup, self.factor = d_model, warmup, factor
+
+class NoamSchedule(LRScheduler):
+    """Sets every parameter group's learning rate to noam_rate(k) for the k-th optimiser step (Sec 5.3).
+
+    With cooldown > 0 the rate is also multiplied by cooldown_factor(progress, cooldown), where `progress`
+    is the fraction of the run's budget already spent, which the training loop keeps up to date.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,
+                 cooldown: float = 0.0) -> None:
+        cooldown_factor(0.0, cooldown)  # validates cooldown
+        self.d_model, self.warmup, self.factor, self.cooldown = d_model, warmup, factor, cooldown
+        self.progress = 0.0
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
         """The rate of the next optimiser step: PyTorch's last_epoch counts from 0, the paper's step from 1."""
         rate = noam_rate(self.last_epoch + 1, self.d_model, self.warmup, self.factor)
+        rate *= cooldown_factor(self.progress, self.cooldown)
         return [rate for _ in self.optimizer.param_groups]
 
 # %% ../book/11_training.ipynb #f7d2fff1
@@ -247,6 +264,7 @@ class TrainConfig:
     # the optimisation (Sec 5.3, 5.4)
     lr_factor: float = 1.0
     warmup: int = 800
+    cooldown: float = 0.0  # the last fraction of the budget, over which the rate falls linearly to 0 (0: Eq. 3 only)
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
@@ -281,6 +299,7 @@ class TrainConfig:
         for name in ["dropout", "label_smoothing"]:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+        cooldown_factor(0.0, self.cooldown)  # validates cooldown
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas={self.betas} must be two numbers in [0, 1)")
         choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
@@ -322,9 +341,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                  train_subset=3000, max_tokens=1500, warmup=100, epochs=2, max_minutes=None, average_last=1,
                  log_every=10),
     "cpu": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,
-                max_tokens=3000, warmup=800, lr_factor=0.5, epochs=1000, max_minutes=60.0, average_last=5, amp="bf16"),
+                max_tokens=3000, warmup=800, lr_factor=0.5, cooldown=0.4, epochs=1000, max_minutes=60.0, average_last=5, amp="bf16"),
     "gpu": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1,
-                max_tokens=20000, warmup=1000, epochs=1000, max_minutes=10.0, average_last=5, log_every=10),
+                max_tokens=20000, warmup=1000, cooldown=0.4, epochs=1000, max_minutes=10.0, average_last=5, log_every=10),
 }
 
 
@@ -553,7 +572,7 @@ def train(
     model = Transformer(model_config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor),
                                  betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
-    schedule = NoamSchedule(optimizer, config.d_model, config.warmup, config.lr_factor)
+    schedule = NoamSchedule(optimizer, config.d_model, config.warmup, config.lr_factor, config.cooldown)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     criterion = LabelSmoothingLoss(tokenizer.vocab_size, tokenizer.pad_id, config.label_smoothing, reduction="sum")
     loss_fn = torch.compile(batch_loss, dynamic=True) if config.compile else batch_loss
@@ -601,6 +620,15 @@ def train(
         return (config.max_steps is not None and step >= config.max_steps) or (
             config.max_minutes is not None and minutes >= config.max_minutes)
 
+    def budget_spent(n_batches: int) -> float:
+        """The fraction of the budget spent: of the epochs, steps or minutes, whichever limit is nearest."""
+        spent = [(epoch + position / n_batches) / config.epochs]
+        if config.max_steps is not None:
+            spent.append(step / config.max_steps)
+        if config.max_minutes is not None:
+            spent.append((elapsed + time.perf_counter() - started) / 60 / config.max_minutes)
+        return max(spent)
+
     def validate() -> dict[str, float]:
         return evaluate(model, val_src, val_tgt, config.max_tokens, config.label_smoothing, amp)
 
@@ -627,8 +655,10 @@ def train(
                 nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad_norm)
             scaler.step(optimizer)
             scaler.update()
-            schedule.step()
             step, position = step + 1, position + 1
+            if config.cooldown > 0:
+                schedule.progress = budget_spent(len(batches))  # the rate of the next step depends on it
+            schedule.step()
             sums += torch.stack([loss_sum.detach().double(), nll_sum.detach().double(),
                                  torch.tensor(float(batch.n_tgt_tokens), dtype=torch.float64, device=device)])
             window_tokens += batch.n_src_tokens + batch.n_tgt_tokens
