@@ -22,6 +22,7 @@ from transformer_lib.training import (
     NoamSchedule,
     TrainConfig,
     average_weights,
+    cooldown_factor,
     check_model_config,
     load_checkpoint,
     make_batch,
@@ -131,6 +132,27 @@ def test_schedule_matches_the_paper_formula(d_model, warmup, factor):
     assert max(range(1, 3 * warmup), key=lambda s: noam_rate(s, d_model, warmup)) == warmup
     with pytest.raises(ValueError):
         noam_rate(0, d_model, warmup)
+
+
+def test_cooldown_brings_the_rate_linearly_to_zero():
+    assert [cooldown_factor(p, 0.4) for p in (0.0, 0.6, 0.8, 0.9, 1.0, 1.2)] == pytest.approx([1, 1, 0.5, 0.25, 0, 0])
+    assert cooldown_factor(0.99, 0.0) == 1.0  # no cooldown: Eq. 3 unchanged
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.Adam([param], lr=1.0)
+    sched = NoamSchedule(opt, 256, 100, 0.5, cooldown=0.5)
+    budget = 400
+    for step in range(1, budget + 1):
+        expected = noam_rate(step, 256, 100, 0.5) * min(1.0, (1 - (step - 1) / budget) / 0.5)
+        assert opt.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12)
+        sched.progress = step / budget
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="cooldown"):
+            NoamSchedule(opt, 256, 100, cooldown=bad)
+        with pytest.raises(ValueError, match="cooldown"):
+            TrainConfig(cooldown=bad)
 
 
 # ---------------------------------------------------------------- batching
@@ -252,7 +274,7 @@ SCRIPT = textwrap.dedent(
     from transformer_lib.training import TrainConfig, train
     config = TrainConfig.from_preset(
         "tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1,
-        train_subset=300, max_tokens=400, warmup=20, epochs=5, log_every=3, average_last=2, seed=7)
+        train_subset=300, max_tokens=400, warmup=20, cooldown=0.5, epochs=5, log_every=3, average_last=2, seed=7)
     train(config, sys.argv[1], resume=sys.argv[2] == "resume", progress=False,
           tokenizer=BPETokenizer.load(sys.argv[3]))
     """
@@ -309,6 +331,8 @@ def test_killed_run_resumes_to_identical_weights_and_losses(tmp_path, small_toke
     assert _losses(full) == _losses(killed)
     assert len([r for r in _losses(full) if r[0] == "train"]) >= 10
     assert len(list(killed.glob("epoch*.pt"))) == 2  # only the snapshots that average_last needs are kept
+    rates = [r[4] for r in _losses(full) if r[0] == "train"]
+    assert rates[-1] < 0.2 * max(rates)  # the cooldown (over epochs here) has brought the rate down
 
     # a resume with a different model names the field; a fresh run refuses to overwrite
     with pytest.raises(CheckpointError, match="d_model: checkpoint has 32, requested 48"):
