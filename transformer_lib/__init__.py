@@ -8,7 +8,8 @@ __all__ = ['DataError', 'load_multi30k', 'multi30k_dir', 'BPETokenizer', 'multi3
            'MultiHeadAttention', 'causal_mask', 'padding_mask', 'scaled_dot_product_attention', 'Decoder',
            'DecoderLayer', 'Encoder', 'EncoderLayer', 'LayerNorm', 'PositionwiseFeedForward', 'Transformer',
            'TransformerConfig', 'PRESETS', 'CheckpointError', 'LabelSmoothingLoss', 'NoamSchedule', 'TrainConfig',
-           'load_model', 'train', 'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint']
+           'load_model', 'train', 'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint',
+           'DecoderOnlyConfig', 'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
 
 # %% ../book/api.ipynb #54a8c7ab
 __version__ = "0.1.0"
@@ -23,10 +24,12 @@ from .model import Transformer, TransformerConfig
 from .training import PRESETS, CheckpointError, LabelSmoothingLoss, NoamSchedule, TrainConfig, load_model, train
 from .decoding import beam_search, greedy_decode, sample
 from .translate import Translator, evaluate_checkpoint
+from .beyond import DecoderOnlyConfig, DecoderOnlyLM, RotaryEmbedding, RotaryMultiHeadAttention
 
 _all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k_tokenizer", "TokenEmbedding",
          "LearnedPositionalEncoding", "SinusoidalPositionalEncoding", "sinusoidal_encoding", "KVCache",
          "MultiHeadAttention", "causal_mask", "padding_mask", "scaled_dot_product_attention", "Decoder", "DecoderLayer",
          "Encoder", "EncoderLayer", "LayerNorm", "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS",
          "CheckpointError", "LabelSmoothingLoss", "NoamSchedule", "TrainConfig", "load_model", "train", "beam_search",
-         "greedy_decode", "sample", "Translator", "evaluate_checkpoint"]
+         "greedy_decode", "sample", "Translator", "evaluate_checkpoint",
+         "DecoderOnlyConfig", "DecoderOnlyLM", "RotaryEmbedding", "RotaryMultiHeadAttention"]
