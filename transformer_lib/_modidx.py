@@ -11,6 +11,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                              'transformer_lib/attention.py'),
                                            'transformer_lib.attention.MultiHeadAttention.__init__': ( 'multi_head_attention.html#multiheadattention.__init__',
                                                                                                       'transformer_lib/attention.py'),
+                                           'transformer_lib.attention.MultiHeadAttention._attend': ( 'multi_head_attention.html#multiheadattention._attend',
+                                                                                                     'transformer_lib/attention.py'),
                                            'transformer_lib.attention.MultiHeadAttention._heads': ( 'multi_head_attention.html#multiheadattention._heads',
                                                                                                     'transformer_lib/attention.py'),
                                            'transformer_lib.attention.MultiHeadAttention._keys_values': ( 'multi_head_attention.html#multiheadattention._keys_values',

@@ -115,6 +115,12 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
         q = self._heads(self.q_proj(x_q))  # (B, H, T, Dh)
         k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh)
+        out, weights = self._attend(q, k, v, mask, need_weights)  # (B, T, D)
+        return self.out_proj(out), weights
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The attention core: heads q (B, H, T, Dh), k and v (B, H, S, Dh) to (B, T, D), weights or None."""
         p = self.dropout if self.training else 0.0
         if self.use_sdpa and not need_weights:
             weights = None
@@ -126,8 +132,7 @@ class MultiHeadAttention(nn.Module):
                 out = out.masked_fill(~has_key, 0.0)  # (B, H, T, Dh): rows with no key give zeros
         else:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, Dh)
-        out = rearrange(out, "b h t d -> b t (h d)")  # (B, T, D)
-        return self.out_proj(out), weights
+        return rearrange(out, "b h t d -> b t (h d)"), weights  # (B, T, D): the heads side by side again
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":

@@ -91,18 +91,7 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
         offset = len(cache) if cache is not None else 0
         q = self.rotary(self._heads(self.q_proj(x_q)), offset)  # (B, H, T, Dh)
         k, v = self._keys_values(x_kv, cache)  # (B, H, offset + T, Dh), keys already rotated
-        p = self.dropout if self.training else 0.0
-        weights = None
-        if need_weights or not self.use_sdpa:
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, Dh)
-        elif mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, Dh)
-        else:
-            has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T|1, 1)
-            allowed = mask | ~has_key  # (B|1, 1, T, S): rows with no key may see all, then give zeros
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)  # (B, H, T, Dh)
-            out = out.masked_fill(~has_key, 0.0)  # (B, H, T, Dh)
-        out = rearrange(out, "b h t d -> b t (h d)")  # (B, T, D)
+        out, weights = self._attend(q, k, v, mask, need_weights)  # (B, T, D): chapter 6's attention core
         return self.out_proj(out), weights
 
 # %% ../book/14_beyond_the_paper.ipynb #7804243d
