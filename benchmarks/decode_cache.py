@@ -21,7 +21,6 @@ import statistics
 import time
 
 import torch
-
 import torch.nn.functional as F
 from torch import nn
 

@@ -62,6 +62,14 @@ class KVCache:
         """Number of cached key positions."""
         return 0 if self.k is None else self.k.size(2)
 
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Take new keys and values (B, H, S_new, Dh): appended, or kept as they are if static; returns all of them."""
+        if self.k is not None and not self.static:
+            k = torch.cat([self.k, k], dim=2)  # (B, H, S_cached + S_new, Dh)
+            v = torch.cat([self.v, v], dim=2)  # (B, H, S_cached + S_new, Dh)
+        self.k, self.v = k, v
+        return k, v
+
     def reorder(self, index: Tensor) -> "KVCache":
         """Keep batch rows `index` (LongTensor), e.g. the surviving beams; in place, returns self."""
         if self.k is not None:
@@ -90,17 +98,16 @@ class MultiHeadAttention(nn.Module):
         """(B, L, D) -> (B, H, L, Dh)."""
         return rearrange(x, "b l (h d) -> b h l d", h=self.n_heads)
 
+    def _queries(self, x_q: Tensor, cache: KVCache | None) -> Tensor:
+        """Project x_q (B, T, D) to queries (B, H, T, Dh); they stand at the positions after len(cache)."""
+        return self._heads(self.q_proj(x_q))
+
     def _keys_values(self, x_kv: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
         """Project x_kv (B, S, D) to keys and values (B, H, S, Dh), reading and updating the cache."""
         if cache is not None and cache.static and cache.k is not None:
             return cache.k, cache.v  # cross-attention: the memory's keys and values never change
         k, v = self._heads(self.k_proj(x_kv)), self._heads(self.v_proj(x_kv))  # (B, H, S_new, Dh)
-        if cache is not None:
-            if not cache.static and cache.k is not None:
-                k = torch.cat([cache.k, k], dim=2)  # (B, H, S_cached + S_new, Dh)
-                v = torch.cat([cache.v, v], dim=2)  # (B, H, S_cached + S_new, Dh)
-            cache.k, cache.v = k, v
-        return k, v
+        return (k, v) if cache is None else cache.update(k, v)  # (B, H, S, Dh)
 
     def forward(
         self,
@@ -113,14 +120,8 @@ class MultiHeadAttention(nn.Module):
         """Attend from x_q (B, T, D) to x_kv (B, S, D): output (B, T, D), weights (B, H, T, S) or None."""
         if mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
-        q = self._heads(self.q_proj(x_q))  # (B, H, T, Dh)
+        q = self._queries(x_q, cache)  # (B, H, T, Dh)
         k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh)
-        out, weights = self._attend(q, k, v, mask, need_weights)  # (B, T, D)
-        return self.out_proj(out), weights
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        """The attention core: heads q (B, H, T, Dh), k and v (B, H, S, Dh) to (B, T, D), weights or None."""
         p = self.dropout if self.training else 0.0
         if self.use_sdpa and not need_weights:
             weights = None
@@ -132,7 +133,8 @@ class MultiHeadAttention(nn.Module):
                 out = out.masked_fill(~has_key, 0.0)  # (B, H, T, Dh): rows with no key give zeros
         else:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, Dh)
-        return rearrange(out, "b h t d -> b t (h d)"), weights  # (B, T, D): the heads side by side again
+        out = rearrange(out, "b h t d -> b t (h d)")  # (B, T, D)
+        return self.out_proj(out), weights
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":

@@ -9,11 +9,10 @@ __all__ = ['RotaryEmbedding', 'RotaryMultiHeadAttention', 'DecoderOnlyConfig', '
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
+from .attention import KVCache, MultiHeadAttention, causal_mask
 from .decoding import evaluating
 from .embeddings import TokenEmbedding
 from .layers import EncoderLayer
@@ -66,33 +65,27 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
                              f"n_heads={n_heads} = {self.d_head}")
         self.rotary = RotaryEmbedding(self.d_head, max_len, base)
 
+    def _queries(self, x_q: Tensor, cache: KVCache | None) -> Tensor:
+        """Queries (B, H, T, Dh) rotated at their positions, which follow the len(cache) cached ones."""
+        offset = len(cache) if cache is not None else 0
+        return self.rotary(super()._queries(x_q, cache), offset)  # (B, H, T, Dh)
+
     def _keys_values(self, x_kv: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
-        """Keys rotated at their positions (after the cached ones), values (B, H, S, Dh); fills the cache."""
+        """Keys rotated at their positions before they are cached, and values; all of them (B, H, S, Dh)."""
         offset = len(cache) if cache is not None else 0
         k = self.rotary(self._heads(self.k_proj(x_kv)), offset)  # (B, H, S_new, Dh)
         v = self._heads(self.v_proj(x_kv))  # (B, H, S_new, Dh)
-        if cache is not None:
-            if cache.k is not None:
-                k = torch.cat([cache.k, k], dim=2)  # (B, H, S_cached + S_new, Dh)
-                v = torch.cat([cache.v, v], dim=2)  # (B, H, S_cached + S_new, Dh)
-            cache.k, cache.v = k, v
-        return k, v
+        return (k, v) if cache is None else cache.update(k, v)  # (B, H, offset + S_new, Dh)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None = None, cache: KVCache | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Self-attention of x (B, T, D) at positions cached.., giving (B, T, D) and the weights or None."""
+        """Self-attention of x (B, T, D) at positions len(cache)..: (B, T, D) and the weights or None."""
         if x_q.shape != x_kv.shape:
             raise ValueError(f"rotary attention is self-attention: queries {tuple(x_q.shape)} and keys "
                              f"{tuple(x_kv.shape)} must come from the same sequence")
         if cache is not None and cache.static:
             raise ValueError("rotary attention is self-attention; a static cache belongs to cross-attention")
-        if mask is not None and mask.dtype != torch.bool:
-            raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
-        offset = len(cache) if cache is not None else 0
-        q = self.rotary(self._heads(self.q_proj(x_q)), offset)  # (B, H, T, Dh)
-        k, v = self._keys_values(x_kv, cache)  # (B, H, offset + T, Dh), keys already rotated
-        out, weights = self._attend(q, k, v, mask, need_weights)  # (B, T, D): chapter 6's attention core
-        return self.out_proj(out), weights
+        return super().forward(x_q, x_kv, mask, cache, need_weights)
 
 # %% ../book/14_beyond_the_paper.ipynb #7804243d
 @dataclass
