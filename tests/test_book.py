@@ -13,6 +13,8 @@ import install_cell  # noqa: E402
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 TOC = (ROOT / "_toc.yml").read_text()
 MACHINE_PATH = re.compile(r"(?<![\w.:/~-])/(?:home|root|work|tmp|Users|mnt|opt)/[\w.-]+")
+# A tiny number printed with its rounding noise (3.8e-06): another CPU prints another one. A bound (1e-05) is fine.
+FLOAT_NOISE = re.compile(r"\b(?!1(?:\.0+)?e)\d\.\d+e-(?:0[5-9]|[1-9]\d)\b")
 
 
 def test_every_toc_entry_exists():
@@ -35,6 +37,13 @@ def test_notebook_starts_with_title_and_install_cell(path):
     assert "".join(first_code["source"]) == install_cell.install_source(), (
         f"{path.name}: the first code cell is not the install cell; run `python tools/install_cell.py`"
     )
+    assert install_cell.TAG in first_code["metadata"].get("tags", []), f"{path.name}: the install cell is shown"
+
+
+def test_release_is_one_version():
+    """The install cells pin the release that pyproject.toml names, and the package says the same version."""
+    init = (ROOT / "transformer_lib" / "__init__.py").read_text()
+    assert f'__version__ = "{install_cell.release()}"' in init
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -49,3 +58,18 @@ def test_notebook_is_executed_in_order_and_clean(path):
             assert out["output_type"] != "error" or "raises-exception" in cell["metadata"].get("tags", [])
             text = json.dumps(out.get("text", "")) + json.dumps(out.get("data", {}).get("text/plain", ""))
             assert not MACHINE_PATH.search(text), f"{path.name}, code cell {i}: output shows a machine path"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_compared_outputs_travel(path):
+    """nbval markers are cell tags, not comments readers see; no compared output prints rounding noise."""
+    code = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    for i, cell in enumerate(code):
+        source, tags = "".join(cell["source"]), cell["metadata"].get("tags", [])
+        assert "NBVAL_" not in source, f"{path.name}, code cell {i}: use the nbval-ignore-output tag, not a comment"
+        if "nbval-ignore-output" in tags or "nbval-skip" in tags:
+            continue
+        for out in cell.get("outputs", []):
+            text = json.dumps(out.get("text", "")) + json.dumps(out.get("data", {}).get("text/plain", ""))
+            noise = FLOAT_NOISE.search(text)
+            assert not noise, f"{path.name}, code cell {i}: compares {noise.group(0)}, which another CPU prints otherwise"
