@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transformer_lib.model import TransformerConfig
 from transformer_lib.tokenizer import (
     BOS_ID,
     EOS_ID,
     N_BASE,
-    PAD,
     PAD_ID,
     UNK_ID,
     BPETokenizer,
@@ -82,9 +82,17 @@ def test_round_trip_with_tokenizer_trained_on_random_text(corpus, text):
 
 
 def test_special_ids_are_fixed(small):
-    assert (small.pad_id, small.bos_id, small.eos_id, small.unk_id) == (0, 1, 2, 3)
+    """<pad>, <bos>, <eos>, <unk> are ids 0..3 and byte b is id 4 + b, as encode and decode use them."""
+    assert small.encode("", bos=True, eos=True) == [1, 2]
     assert [small.id_to_token(i) for i in range(4)] == ["<pad>", "<bos>", "<eos>", "<unk>"]
-    assert PAD == "<pad>" and PAD_ID == 0
+    assert small.decode([0, 1, 2, 3]) == ""  # all four are special
+    bytes_only = BPETokenizer([])
+    assert bytes_only.vocab_size == 260
+    assert bytes_only.encode("A\x00é") == [4 + 0x41, 4, 4 + 0xC3, 4 + 0xA9]
+    assert bytes_only.decode([4 + 0x41, 4]) == "A\x00"
+    # the model's default special ids are the tokenizer's
+    config = TransformerConfig(vocab_size=small.vocab_size)
+    assert [config.pad_id, config.bos_id, config.eos_id] == [small.pad_id, *small.encode("", bos=True, eos=True)]
 
 
 def test_special_token_text_is_not_a_special_token(small):
