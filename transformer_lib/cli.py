@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import torch
 
 from .data import SPLITS, DataError, load_multi30k
-from .training import PRESETS, CheckpointError, TrainConfig, parse_overrides, train
+from .training import PRESETS, CheckpointError, TrainConfig, UnsupportedSetting, parse_overrides, train
 from .translate import Translator, evaluate
 
 # %% ../book/13b_command_line.ipynb #d9baaa3c
@@ -189,7 +189,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise CommandError(f"{out} already holds a run: add --resume to continue it, or choose another --out",
                            EXIT_USAGE)
     print(f"training preset {preset!r} into {out}", file=sys.stderr)
-    result = train(config, out, resume=resume, data_dir=args.data_dir, progress=not args.quiet)
+    try:
+        result = train(config, out, resume=resume, data_dir=args.data_dir, progress=not args.quiet)
+    except UnsupportedSetting as err:
+        raise CommandError(f"--set: {err}", EXIT_USAGE) from None
     last = result.history[-1]
     minutes = max(r.get("minutes", 0.0) for r in result.history)
     print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss {last['val_loss']:.3f}; "

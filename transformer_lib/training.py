@@ -6,8 +6,8 @@
 __all__ = ['PRESETS', 'CHECKPOINT_FORMAT', 'pad_ids', 'Batch', 'make_batch', 'encode_source', 'LabelSmoothingLoss', 'noam_rate',
            'cooldown_factor', 'NoamSchedule', 'token_batches', 'padding_fraction', 'batch_loss', 'average_weights',
            'encode_pairs', 'TrainConfig', 'parse_overrides', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
-           'check_model_config', 'resolve_device', 'resolve_amp', 'evaluate', 'TrainResult', 'train', 'load_model',
-           'plot_losses']
+           'check_model_config', 'resolve_device', 'resolve_amp', 'UnsupportedSetting', 'check_runtime', 'evaluate',
+           'TrainResult', 'train', 'load_model', 'plot_losses']
 
 # %% ../book/11_training.ipynb #af1768aa
 import difflib
@@ -15,9 +15,11 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 import typing
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -457,6 +459,37 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
 
 
+class UnsupportedSetting(ValueError):
+    """A training setting that this machine's PyTorch cannot run: refused before any work starts."""
+
+
+def check_runtime(device: torch.device, amp: str = "off", compile: bool = False) -> None:
+    """Refuse up front a missing CUDA device, an autocast dtype the device lacks, or torch.compile without Dynamo."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedSetting(f"device={device}: this PyTorch sees no CUDA device; use device=auto or device=cpu")
+    dtype = resolve_amp(amp, device)
+    if dtype is not None:
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+        ones = torch.ones(2, 2, device=device)  # (2, 2)
+        with warnings.catch_warnings():  # an unsupported dtype only warns, and autocast then does nothing
+            warnings.simplefilter("ignore")
+            try:
+                with torch.autocast(device.type, dtype=dtype):
+                    supported = (ones @ ones).dtype == dtype
+            except RuntimeError:
+                supported = False
+        if not supported:
+            raise UnsupportedSetting(f"amp={name}: PyTorch {torch.__version__} has no {name} autocast on "
+                                     f"{device.type}; use amp=off")
+    if compile:
+        from torch import _dynamo  # imported only when asked for: it takes a few seconds
+
+        if not _dynamo.is_dynamo_supported():
+            version = ".".join(map(str, sys.version_info[:2]))
+            raise UnsupportedSetting(f"compile=True: torch.compile does not support Python {version} with PyTorch "
+                                     f"{torch.__version__}; set compile=False")
+
+
 def _autocast(device: torch.device, dtype: torch.dtype | None):
     """An autocast context for dtype on device, or a no-op when dtype is None."""
     return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
@@ -541,6 +574,9 @@ def train(
     tokenizer: BPETokenizer | None = None,
 ) -> TrainResult:
     """Train a Transformer on Multi30k as config says; checkpoints, metrics.jsonl and model.pt go to out_dir."""
+    device = resolve_device(config.device)
+    check_runtime(device, config.amp, config.compile)
+    amp = resolve_amp(config.amp, device)
     out = Path(out_dir)
     last_path, metrics_path = out / "last.pt", out / "metrics.jsonl"
     state = None
@@ -557,8 +593,6 @@ def train(
     model_config = config.model_config(tokenizer.vocab_size)
     if state is not None:
         check_model_config(state["model_config"], model_config.to_dict(), last_path)
-    device = resolve_device(config.device)
-    amp = resolve_amp(config.amp, device)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
 
