@@ -45,7 +45,7 @@ def merge_ids(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[in
             i += 1
     return out
 
-
+# %% ../book/01_tokens.ipynb #94f38816
 def learn_merges(piece_counts: Mapping[str, int], n_merges: int) -> list[tuple[int, int]]:
     """Learn up to `n_merges` byte-level BPE merges from piece frequencies, updating pair counts incrementally."""
     pieces = [[b + N_SPECIAL for b in piece.encode("utf-8")] for piece in piece_counts]
@@ -126,7 +126,7 @@ def _write_atomically(path: Path, text: str) -> None:
     finally:
         Path(tmp).unlink(missing_ok=True)
 
-
+# %% ../book/01_tokens.ipynb #defeabc2
 class BPETokenizer:
     """Byte-level byte-pair encoding (Sennrich et al., 2016): any Unicode string encodes, and decodes back exactly."""
 
