@@ -1,10 +1,13 @@
-"""Decoding (chapter 12): the cache changes nothing but speed; beam search is greedy at K=1, never worse than greedy,
-and exhaustive when the beam holds every hypothesis; sampling is reproducible and top-1 sampling is greedy."""
+"""Decoding (chapter 12): the cache changes nothing but speed; beam search is greedy at K=1, makes the choices of a
+plainly written beam search, and is exhaustive when the beam holds every hypothesis; include_greedy adds greedy's
+hypothesis; sampling is reproducible and top-1 sampling is greedy."""
+import copy
+import functools
 import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from transformer_lib.decoding import (
@@ -103,29 +106,102 @@ def test_beam_of_one_is_greedy(m, seed, batch, length, max_len):
     assert beam_search(model, src, beam_size=1, max_len=max_len) == greedy
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2), st.integers(0, 10_000), st.integers(2, 6), st.sampled_from([0.0, 0.6, 1.0]))
-def test_beam_never_scores_below_greedy(m, seed, beam_size, alpha):
-    model, src = MODELS[m], random_sources(seed, 6, 7)
-    greedy = greedy_decode(model, src, 12)
-    beam = beam_search(model, src, beam_size, alpha, max_len=12)
-    beam_scores = sequence_scores(model, src, beam, alpha, max_len=12)
-    greedy_scores = sequence_scores(model, src, greedy, alpha, max_len=12)
-    assert (beam_scores >= greedy_scores - 1e-5).all()
+def plain_beam_search(model: Transformer, src: torch.Tensor, beam_size: int, alpha: float, steps: int) -> list[int]:
+    """Beam search for one sentence src (1, S), written plainly: lists of hypotheses, every prefix run in full.
+
+    Each step ranks all extensions of the open beams; of the best K, those ending in <eos> are finished (until K
+    are), and the best K not ending in <eos> among the best 2K stay open. Open beams left at the end count as
+    finished without <eos>. The best finished hypothesis by log p / lp wins.
+    """
+    cfg, K = model.config, beam_size
+    beams, finished = [(0.0, [])], []  # (log p, tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for t in range(1, steps + 1):
+                prefixes = torch.tensor([[cfg.bos_id, *tokens] for _, tokens in beams])  # (n, t)
+                log_probs = model(src.expand(len(beams), -1), prefixes)[:, -1].double()  # (n, V)
+                log_probs[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+                extensions = [(score + log_probs[i, v].item(), tokens, v) for i, (score, tokens) in enumerate(beams)
+                              for v in range(cfg.vocab_size) if log_probs[i, v] > float("-inf")]
+                candidates = sorted(extensions, key=lambda c: -c[0])[: 2 * K + 1]  # (log p, prefix, next token)
+                gaps = [a[0] - b[0] for a, b in zip(candidates, candidates[1:])]
+                assume(min(gaps) > 1e-4)  # a near tie could fall either way between two correct implementations
+                for score, tokens, v in candidates[:K]:
+                    if v == cfg.eos_id and len(finished) < K:
+                        finished.append((score / length_penalty(t, alpha), tokens))
+                beams = [(score, tokens + [v]) for score, tokens, v in candidates[: 2 * K] if v != cfg.eos_id][:K]
+                if len(finished) == K:
+                    break
+    finally:
+        model.train(was_training)
+    if len(finished) < K:
+        finished += [(score / length_penalty(steps, alpha), tokens) for score, tokens in beams]
+    return max(finished, key=lambda scored: scored[0])[1]
 
 
-def test_a_beam_holding_every_hypothesis_finds_the_exhaustive_optimum():
-    # 6 tokens: <pad> and <bos> are never output, so hypotheses are words over {<unk>, 4, 5} then <eos>,
-    # or 3 words without <eos> when the budget runs out: 1 + 3 + 9 + 27 = 40 hypotheses in all.
-    torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=6, d_model=16, n_heads=2, n_encoder_layers=1,
-                                          n_decoder_layers=1, d_ff=32, dropout=0.0))
-    src = torch.tensor([[4, 5, 4, 2]])
-    hyps = [list(h) for n in range(4) for h in itertools.product([3, 4, 5], repeat=n)]
-    for alpha in (0.0, 0.6):
-        scores = sequence_scores(model, src.expand(len(hyps), -1), hyps, alpha, max_len=3)
-        best = hyps[int(scores.argmax())]
-        assert beam_search(model, src, beam_size=40, alpha=alpha, max_len=3, include_greedy=False) == [best]
+@functools.cache
+def eos_model(m: int, eos_bias: float) -> Transformer:
+    """MODELS[m] with <eos> made likelier, so that hypotheses finish at every step and compete with open ones."""
+    model = copy.deepcopy(MODELS[m])
+    with torch.no_grad():
+        model.generator.bias[2] += eos_bias
+    return model
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.integers(0, 2), st.sampled_from([0.0, 2.0, 3.0, 4.0, 5.0]), st.integers(0, 10_000), st.integers(1, 3),
+       st.integers(2, 5), st.sampled_from([0.0, 0.6, 1.0]), st.integers(1, 10))
+def test_beam_search_equals_a_plain_beam_search(m, eos_bias, seed, batch, beam_size, alpha, max_len):
+    """The batched, cached beam search (without the greedy hypothesis) makes the choices of the plain one."""
+    model, src = eos_model(m, eos_bias), random_sources(seed, batch, 6)
+    expected = [plain_beam_search(model, src[b : b + 1], beam_size, alpha, max_len) for b in range(batch)]
+    assert beam_search(model, src, beam_size, alpha, max_len=max_len, include_greedy=False) == expected
+
+
+def test_include_greedy_returns_the_better_of_beam_and_greedy():
+    """Beam search alone can end below greedy decoding; include_greedy=True then returns greedy's hypothesis."""
+    alpha, lost = 0.6, 0
+    for seed, model in itertools.product(range(100), MODELS):
+        src = random_sources(seed, 6, 7)
+        greedy = greedy_decode(model, src, 12)
+        beam_only = beam_search(model, src, 2, alpha, max_len=12, include_greedy=False)
+        with_greedy = beam_search(model, src, 2, alpha, max_len=12)
+        greedy_scores = sequence_scores(model, src, greedy, alpha, max_len=12).tolist()
+        beam_scores = sequence_scores(model, src, beam_only, alpha, max_len=12).tolist()
+        for b, (g, k) in enumerate(zip(greedy_scores, beam_scores)):
+            better = [greedy[b]] if g > k + 1e-5 else [beam_only[b]] if k > g + 1e-5 else [greedy[b], beam_only[b]]
+            assert with_greedy[b] in better
+            lost += g > k + 1e-2
+        if lost:
+            return
+    pytest.fail("no sentence found on which beam search alone ends below greedy decoding")
+
+
+def tiny_model(seed: int) -> Transformer:
+    """6 tokens: <pad> and <bos> are never output, so hypotheses are words over {<unk>, 4, 5}, then <eos>."""
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig(vocab_size=6, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                         d_ff=32, dropout=0.0))
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(st.integers(0, 10_000), st.integers(1, 3), st.sampled_from([0.0, 0.6, 1.0]),
+       st.lists(st.lists(st.integers(3, 5), min_size=1, max_size=4), min_size=1, max_size=3))
+def test_a_beam_holding_every_hypothesis_finds_the_exhaustive_optimum(seed, max_len, alpha, sentences):
+    # words shorter than max_len end in <eos>; at max_len the budget runs out: 1 + 3 + .. + 3^max_len hypotheses,
+    # and a beam of that many never has to drop one
+    model = tiny_model(seed)
+    src = torch.zeros(len(sentences), 5, dtype=torch.long)  # (B, S): words, <eos>, padding
+    for row, words in zip(src, sentences):
+        row[: len(words) + 1] = torch.tensor([*words, 2])
+    hyps = [list(h) for n in range(max_len + 1) for h in itertools.product([3, 4, 5], repeat=n)]
+    found = beam_search(model, src, beam_size=len(hyps), alpha=alpha, max_len=max_len, include_greedy=False)
+    for b in range(len(sentences)):
+        scores = sequence_scores(model, src[b : b + 1].expand(len(hyps), -1), hyps, alpha, max_len=max_len)
+        assert found[b] in hyps
+        assert sequence_scores(model, src[b : b + 1], [found[b]], alpha, max_len=max_len) >= scores.max() - 1e-5
 
 
 def test_sequence_scores_is_the_length_normalised_log_probability():
