@@ -101,10 +101,14 @@ def test_bleu_matches_sacrebleu_by_hand():
 
 
 def test_evaluate_scores_the_translations(translator):
-    pairs = [(s, "A dog.") for s in SENTENCES]
-    scores = evaluate(translator, pairs, beam_size=1)
-    assert len(scores["hypotheses"]) == 3
-    assert scores["cased"] == bleu(scores["hypotheses"], ["A dog."] * 3)["cased"]
+    translations = translator.translate(SENTENCES, beam_size=1)
+    # two references are the translations themselves, so the score is well above 0 and tells orders apart
+    references = [translations[0], "A dog.", translations[2]]
+    scores = evaluate(translator, list(zip(SENTENCES, references)), beam_size=1)
+    assert scores["hypotheses"] == translations
+    expected = bleu(translations, references)
+    assert scores["cased"] == expected["cased"] > 0 and scores["lowercase"] == expected["lowercase"]
+    assert bleu(translations[::-1], references)["cased"] < expected["cased"]
 
 
 def test_from_checkpoint_round_trip_and_unusable_checkpoints(translator, tmp_path):
