@@ -208,14 +208,18 @@ def test_fast_and_explicit_paths_agree(kind):
     torch.testing.assert_close(weights_fast, weights)
 
 
-def test_dropout_only_in_training():
+@pytest.mark.parametrize("use_sdpa", [True, False])
+def test_dropout_only_in_training(use_sdpa):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 2, dropout=0.5)
+    mha = MultiHeadAttention(16, 2, dropout=0.5, use_sdpa=use_sdpa)
+    no_dropout = MultiHeadAttention(16, 2, use_sdpa=use_sdpa)
+    no_dropout.load_state_dict(mha.state_dict())
     x = torch.randn(2, 6, 16)  # (B, T, D)
     mha.eval()
-    torch.testing.assert_close(mha(x, x)[0], mha(x, x)[0], atol=0, rtol=0)
+    torch.testing.assert_close(mha(x, x)[0], no_dropout(x, x)[0], atol=0, rtol=0)
     mha.train()
-    assert not torch.allclose(mha(x, x)[0], mha(x, x)[0])
+    first, second = mha(x, x)[0], mha(x, x)[0]
+    assert not torch.allclose(first, second) and not torch.allclose(first, no_dropout(x, x)[0])
 
 
 # --- equal to nn.MultiheadAttention with the same weights ------------------------------------------------
