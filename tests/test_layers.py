@@ -59,14 +59,35 @@ def test_feed_forward_is_position_wise():
     torch.testing.assert_close(ffn(x), expected)
 
 
+def test_feed_forward_dropout_acts_on_the_hidden_layer_in_training():
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(D, FF, dropout=0.5)
+    x = torch.randn(2, 7, D)
+    torch.manual_seed(1)
+    out = ffn(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, ffn.linear2(F.dropout(F.relu(ffn.linear1(x)), 0.5)))
+    ffn.eval()
+    torch.testing.assert_close(ffn(x), ffn.linear2(F.relu(ffn.linear1(x))))
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_sublayer_connection_formula(norm_first):
+    """Post-LN norm(x + drop(f(x))), pre-LN x + drop(f(norm(x))); dropout only in training."""
     torch.manual_seed(0)
-    wrap = SublayerConnection(D, dropout=0.0, norm_first=norm_first)
-    ffn = PositionwiseFeedForward(D, FF)
+    wrap = SublayerConnection(D, dropout=0.5, norm_first=norm_first)
+    ffn = PositionwiseFeedForward(D, FF).eval()
     x = torch.randn(2, 3, D)
-    expected = x + ffn(wrap.norm(x)) if norm_first else wrap.norm(x + ffn(x))
-    torch.testing.assert_close(wrap(x, ffn), expected)
+
+    def formula(drop):
+        return x + drop(ffn(wrap.norm(x))) if norm_first else wrap.norm(x + drop(ffn(x)))
+
+    torch.manual_seed(1)
+    out = wrap(x, ffn)
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, formula(lambda h: F.dropout(h, 0.5)))
+    wrap.eval()
+    torch.testing.assert_close(wrap(x, ffn), formula(lambda h: h))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
