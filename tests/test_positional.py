@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,10 +102,16 @@ def test_learned_parameter_count_and_gradient():
     assert used.nonzero().flatten().tolist() == [3, 4, 5, 6, 7]
 
 
-def test_dropout_only_in_training():
+@pytest.mark.parametrize("cls", [SinusoidalPositionalEncoding, LearnedPositionalEncoding])
+def test_dropout_only_in_training(cls):
+    """Dropout is applied to the sum of the input and the encoding (Sec 5.4), in training only."""
     torch.manual_seed(0)
-    encoding = SinusoidalPositionalEncoding(16, max_len=20, dropout=0.5)
+    encoding = cls(16, max_len=20, dropout=0.5)
     x = torch.randn(4, 20, 16)
-    assert not torch.equal(encoding(x), x + encoding.pe)
+    table = encoding.pe if cls is SinusoidalPositionalEncoding else encoding.embedding.weight  # (L, D)
+    torch.manual_seed(1)
+    out = encoding(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, F.dropout(x + table, 0.5))
     encoding.eval()
-    assert torch.equal(encoding(x), x + encoding.pe)
+    torch.testing.assert_close(encoding(x), x + table, atol=0, rtol=0)
