@@ -139,6 +139,33 @@ def test_toy_corpus_known_merges():
     assert tokenizer.merges[:2] == [(e, s), (N_BASE, t)]
 
 
+def test_encode_fuses_the_earliest_learned_pair_first():
+    a, b, c = (x + 4 for x in b"abc")
+    tokenizer = BPETokenizer([(b, c), (a, b)])  # "bc" was learned before "ab"
+    assert tokenizer.encode("abc") == [a, N_BASE]  # not [N_BASE + 1, c]
+    assert tokenizer.tokens("abc abcab") == ["a", "bc", " ", "a", "bc", "ab"]
+
+
+def apply_merges_in_order(tokenizer: BPETokenizer, text: str) -> list[int]:
+    """Reference encoder: in each piece, apply merge 0 everywhere, then merge 1, and so on."""
+    out = []
+    for piece in pretokenize(text):
+        ids = [b + 4 for b in piece.encode()]
+        for k, pair in enumerate(tokenizer.merges):
+            ids = merge_ids(ids, pair, N_BASE + k)
+        out += ids
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(alphabet="abc ", min_size=3, max_size=14), min_size=2, max_size=10),
+       st.text(alphabet="abc ", min_size=5, max_size=30))
+def test_encode_equals_applying_the_merges_in_order(corpus, text):
+    """Three letters make overlapping merges ("ab" and "bc") common, where the order of fusing matters."""
+    tokenizer = BPETokenizer.train(corpus, vocab_size=N_BASE + 25)
+    assert tokenizer.encode(text) == apply_merges_in_order(tokenizer, text)
+
+
 def naive_merges(counts: Counter, n_merges: int) -> list[tuple[int, int]]:
     """Reference trainer: recount all pairs before every merge; ties go to the pair whose bytes sort first."""
     spelled = {tuple(b + 4 for b in piece.encode()): c for piece, c in counts.items()}
