@@ -17,6 +17,9 @@ from transformer_lib.translate import (
     evaluate,
     evaluate_checkpoint,
     preset_of,
+    split_words,
+    unsupported_words,
+    word_start_labels,
 )
 
 torch.set_num_threads(1)
@@ -156,3 +159,58 @@ def test_evaluate_checkpoint_gives_the_fields_of_a_results_file(translator, tmp_
     assert results["parameters"] == sum(p.numel() for p in translator.model.parameters())
     assert set(results["bleu"]) == {"val"} and set(results["bleu"]["val"]) == {"cased", "lowercase"}
     assert results["signature"].startswith("nrefs:1|case:mixed")
+
+
+def test_the_translator_decodes_on_the_device_of_the_model(translator):
+    # Without a device argument the model is not moved: on the "meta" device (weights without storage) a move to
+    # the CPU would fail, so the translator must take the device from the parameters.
+    meta_model = Transformer(translator.model.config).to("meta")
+    on_meta = Translator(meta_model, translator.tokenizer)
+    assert on_meta.device == torch.device("meta")
+    assert next(on_meta.model.parameters()).device == torch.device("meta")
+    assert Translator(translator.model, translator.tokenizer).device == next(translator.model.parameters()).device
+
+
+def test_an_explicit_device_moves_the_model(translator):
+    model = Transformer(translator.model.config)
+    moved = Translator(model, translator.tokenizer, device="cpu")
+    assert moved.device == torch.device("cpu") and next(moved.model.parameters()).device == torch.device("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_on_the_gpu_is_decoded_there(translator):
+    model = Transformer(translator.model.config).to("cuda")
+    model.load_state_dict(translator.model.state_dict())
+    on_gpu = Translator(model, translator.tokenizer)
+    assert on_gpu.device.type == "cuda" and next(on_gpu.model.parameters()).is_cuda
+    sentences = SENTENCES + ["Hund"]
+    assert len(on_gpu.translate(sentences, beam_size=2)) == len(sentences)
+
+
+def test_word_start_labels_mark_the_pieces_that_start_a_word():
+    assert word_start_labels(["Ein", " Hund", " Schne", "em", "obil", "en", ".", "<eos>"]) == [
+        "▁Ein", "▁Hund", "▁Schne", "em", "obil", "en", ".", "<eos>"]
+    assert word_start_labels(["<bos>", " a"]) == ["<bos>", "▁a"]
+    assert word_start_labels([]) == []
+
+
+def test_split_words_finds_the_words_cut_into_many_pieces(translator):
+    tok = translator.tokenizer
+    sentence = "Ein Hund rennt auf die Wiese. Zwischenstaatlicheverkehrsmittel!"
+    found = dict(split_words(tok, sentence, min_pieces=3))
+    assert "Zwischenstaatlicheverkehrsmittel" in found  # far longer than anything the tokenizer merged
+    for word in ["Ein", "Hund", "rennt", "auf", "die", "Wiese", "Zwischenstaatlicheverkehrsmittel"]:
+        pieces = tok.tokens(" " + word)
+        assert "".join(pieces) == " " + word
+        assert (word in found) == (len(pieces) >= 3)
+        assert word not in found or found[word] == pieces
+    assert split_words(tok, "", min_pieces=1) == []
+    assert [w for w, _ in split_words(tok, "Hund, Katze!", min_pieces=1)] == ["Hund", "Katze"]
+
+
+def test_unsupported_words_are_in_neither_source_nor_reference():
+    assert unsupported_words("A man in a red hat sings.", "Ein Mann mit rotem Hut.", "A man in a red hat.") == [
+        "sings"]
+    assert unsupported_words("Anna und Bob", "Anna und Bob", "") == []  # copied from the source: supported
+    assert unsupported_words("A DOG", "", "a dog") == []  # case does not matter
+    assert unsupported_words("", "x", "y") == []

@@ -378,4 +378,10 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                            'transformer_lib.translate.plot_alignment': ( 'translator.html#plot_alignment',
                                                                                          'transformer_lib/translate.py'),
                                            'transformer_lib.translate.preset_of': ( 'translator.html#preset_of',
-                                                                                    'transformer_lib/translate.py')}}}
+                                                                                    'transformer_lib/translate.py'),
+                                           'transformer_lib.translate.split_words': ( 'translator.html#split_words',
+                                                                                      'transformer_lib/translate.py'),
+                                           'transformer_lib.translate.unsupported_words': ( 'translator.html#unsupported_words',
+                                                                                            'transformer_lib/translate.py'),
+                                           'transformer_lib.translate.word_start_labels': ( 'translator.html#word_start_labels',
+                                                                                            'transformer_lib/translate.py')}}}

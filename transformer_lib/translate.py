@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['clean_text', 'Translator', 'bleu', 'evaluate', 'preset_of', 'device_description', 'evaluate_checkpoint',
-           'cross_attention', 'alignment', 'plot_alignment']
+           'cross_attention', 'alignment', 'word_start_labels', 'plot_alignment', 'split_words', 'unsupported_words']
 
 # %% ../book/13_translator.ipynb #2c8c2d2c
 import json
@@ -37,11 +37,13 @@ def clean_text(text: str) -> str:
 class Translator:
     """Sentences in, translations out: tokenization, batching by length, truncation and beam search."""
 
-    def __init__(self, model: Transformer, tokenizer: BPETokenizer, device: str | torch.device = "cpu",
+    def __init__(self, model: Transformer, tokenizer: BPETokenizer, device: str | torch.device | None = None,
                  info: dict[str, Any] | None = None) -> None:
         if tokenizer.vocab_size != model.config.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
                              f"{model.config.vocab_size}: they do not belong together")
+        if device is None:  # decode where the model already is: a model trained on a GPU stays there
+            device = next(model.parameters()).device
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -199,9 +201,22 @@ def alignment(translator: Translator, sentence: str,
     return [tok.id_to_token(i) for i in ids[0]], [tok.id_to_token(i) for i in produced], weights
 
 
+def word_start_labels(tokens: Sequence[str]) -> list[str]:
+    """Plot labels of BPE tokens: a piece that starts a word shows "▁" in place of its leading space."""
+    labels = []
+    for i, token in enumerate(tokens):
+        if token.startswith(" "):
+            labels.append("▁" + token[1:])
+        elif i == 0 and not (token.startswith("<") and token.endswith(">")):
+            labels.append("▁" + token)  # the first word of a sentence has no space before it
+        else:
+            labels.append(token)
+    return labels
+
+
 def plot_alignment(weights: torch.Tensor, src_tokens: Sequence[str], out_tokens: Sequence[str],
                    ax: Any = None, title: str = "cross-attention") -> Any:
-    """Draw weights (T, S) as a heatmap, source tokens across and output tokens down; returns the Axes."""
+    """Draw weights (T, S) as a heatmap, source tokens across and output tokens down (▁ starts a word)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -209,7 +224,23 @@ def plot_alignment(weights: torch.Tensor, src_tokens: Sequence[str], out_tokens:
         ax = plt.subplots(figsize=size)[1]
     image = ax.imshow(weights, cmap="Blues", vmin=0, aspect="auto")
     ax.figure.colorbar(image, ax=ax, fraction=0.04, label="attention weight")
-    ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=90)
-    ax.set_yticks(range(len(out_tokens)), out_tokens)
+    ax.set_xticks(range(len(src_tokens)), word_start_labels(src_tokens), rotation=90)
+    ax.set_yticks(range(len(out_tokens)), word_start_labels(out_tokens))
     ax.set(xlabel="German source tokens", ylabel="English output tokens", title=title)
     return ax
+
+# %% ../book/13_translator.ipynb #653f83ce
+def split_words(tokenizer: BPETokenizer, sentence: str, min_pieces: int = 4) -> list[tuple[str, list[str]]]:
+    """The words of sentence that BPE cuts into min_pieces or more tokens (encoded after a space), with the pieces."""
+    found = []
+    for word in re.findall(r"\w+", sentence):
+        pieces = tokenizer.tokens(" " + word)
+        if len(pieces) >= min_pieces:
+            found.append((word, pieces))
+    return found
+
+
+def unsupported_words(hypothesis: str, source: str, reference: str) -> list[str]:
+    """The words of hypothesis (lower-cased) in neither source nor reference: candidates for hallucinations."""
+    seen = set(re.findall(r"\w+", source.lower())) | set(re.findall(r"\w+", reference.lower()))
+    return [word for word in re.findall(r"\w+", hypothesis.lower()) if word not in seen]
