@@ -92,6 +92,7 @@ def test_greedy_stops_at_eos_and_respects_the_budget():
 def test_output_budget():
     model = random_model(0, max_len=40)
     assert output_budget(model, torch.zeros(2, 12, dtype=torch.long)) == 40  # 12 + 50, capped at max_len
+    assert output_budget(random_model(0, max_len=100), torch.zeros(2, 12, dtype=torch.long)) == 62  # 12 + 50
     assert output_budget(model, torch.zeros(2, 5, dtype=torch.long), 9) == 9
     with pytest.raises(ValueError, match="max_len=41"):
         output_budget(model, torch.zeros(2, 5, dtype=torch.long), 41)
@@ -219,6 +220,23 @@ def test_length_penalty_is_gnmt():
     assert length_penalty(1, 0.6) == 1.0
     assert length_penalty(10, 0.0) == 1.0
     assert abs(length_penalty(7, 1.0) - 2.0) < 1e-12
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (2.0, None), (1.0, 5), (0.5, 3)])
+def test_sampling_draws_from_the_tempered_top_k_distribution(temperature, top_k):
+    """The first tokens of 4000 samples: their frequencies are softmax(log p / temperature) over the top_k."""
+    model, src, n = MODELS[2], random_sources(4, 1, 6), 4000
+    with torch.no_grad():
+        scores = model.eval()(src, torch.tensor([[1]]))[0, -1] / temperature  # (V,)
+    model.train()  # as MODELS are kept: dropout on, for decoding to switch off
+    scores[[0, 1]] = float("-inf")  # <pad> and <bos> are never drawn
+    if top_k is not None:
+        scores[scores < scores.topk(top_k).values[-1]] = float("-inf")
+    expected = scores.softmax(-1)  # (V,)
+    first = [y[0] if y else 2 for y in sample(model, src.expand(n, -1), temperature, top_k, max_len=1, seed=0)]
+    frequencies = torch.bincount(torch.tensor(first), minlength=30) / n  # (V,)
+    assert (frequencies - expected).abs().sum() / 2 < 0.05  # total variation; 0.02 is typical at n = 4000
+    assert frequencies[expected == 0].sum() == 0
 
 
 def test_sampling_is_reproducible_and_top_1_is_greedy():
