@@ -122,6 +122,23 @@ def test_rotary_attention_with_cache_equals_full_causal_pass(chunks, seed, use_s
     assert len(cache) == T
 
 
+@given(T=st.integers(1, 8), shift=st.integers(1, 20), seed=st.integers(0, 1000), use_sdpa=st.booleans())
+@FAST
+def test_rotary_attention_sees_only_relative_positions(T, shift, seed, use_sdpa):
+    """The same tokens at positions shift.. (after `shift` cached ones, masked out) give the same outputs as at 0.."""
+    torch.manual_seed(seed)
+    attn = RotaryMultiHeadAttention(D, H, use_sdpa=use_sdpa, max_len=32).eval()
+    x, filler = torch.randn(2, T, D), torch.randn(2, shift, D)  # (B, T, D), (B, shift, D)
+    with torch.no_grad():
+        at_start, _ = attn(x, x, causal_mask(T))
+        cache = KVCache()
+        attn(filler, filler, causal_mask(shift), cache)
+        mask = causal_mask(T, offset=shift).clone()  # (1, 1, T, shift + T)
+        mask[..., :shift] = False  # the filler is cached, so it shifts the positions, but is not attended to
+        shifted, _ = attn(x, x, mask, cache)
+    torch.testing.assert_close(shifted, at_start, atol=1e-5, rtol=1e-5)
+
+
 def test_rotary_attention_is_not_permutation_equivariant_but_plain_attention_is():
     torch.manual_seed(0)
     rotary = RotaryMultiHeadAttention(D, H).eval()
