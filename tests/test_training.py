@@ -186,6 +186,12 @@ def test_batching_shuffles_by_epoch_and_reduces_padding():
     a = token_batches(src, tgt, 800, seed=0, epoch=0)
     assert a != token_batches(src, tgt, 800, seed=0, epoch=1)
     assert a != token_batches(src, tgt, 800, seed=1, epoch=0)
+
+    def longest(batches):
+        return [max(max(src[i], tgt[i]) for i in b) for b in batches]
+
+    assert sorted(longest(a)) != longest(a) != sorted(longest(a), reverse=True)  # batches come in random order
+    assert longest(token_batches(src, tgt, 800)) == sorted(longest(a))  # seed=None: by length, no shuffling
     from transformer_lib.training import padding_fraction
 
     random_batches = [list(range(i, min(i + 30, 2000))) for i in range(0, 2000, 30)]
