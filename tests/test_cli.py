@@ -4,6 +4,7 @@ a message and an exit code, never a traceback; --help of every command."""
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from transformer_lib.cli import EXIT_INPUT, EXIT_OK, EXIT_USAGE, main, read_line
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.training import CHECKPOINT_FORMAT, TrainConfig, save_checkpoint
+from transformer_lib.translate import Translator
 
 SENTENCES = ["Ein Hund läuft über die Straße.", "A dog runs across the street."]
 
@@ -42,12 +44,20 @@ def run(args: list[str], cwd: Path, stdin: bytes = b"") -> subprocess.CompletedP
     return done
 
 
+def translations(workdir: Path, sentences: list[str], beam_size: int) -> list[str]:
+    """What the Translator of workdir/model.pt gives, one line each, as the command line should print them."""
+    translator = Translator.from_checkpoint(workdir / "model.pt", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the truncation warning; the tests read the command's own
+        return [" ".join(t.splitlines()) for t in translator.translate(sentences, beam_size=beam_size)]
+
+
 def test_translate_arguments_and_truncate_overlong_ones_with_a_warning(workdir):
-    args = ["translate", "-c", "model.pt", "--beam", "2", "Ein Hund.", "Ein Hund läuft. " * 20,
-            "Zwei Männer 😀"]
-    done = run(args, workdir)
+    sentences = ["Ein Hund.", "Ein Hund läuft. " * 20, "Zwei Männer 😀"]
+    done = run(["translate", "-c", "model.pt", "--beam", "2", *sentences], workdir)
     assert done.returncode == EXIT_OK
-    assert done.stdout.decode("utf-8").count("\n") == 3
+    # in order, with beam 2 (greedy decoding gives other outputs for the first two)
+    assert done.stdout.decode("utf-8").split("\n") == [*translations(workdir, sentences, 2), ""]
     assert "warning: 1 sentence(s) longer than 23 tokens, the most the model has" in done.stderr.decode()
 
 
@@ -58,6 +68,8 @@ def test_stdin_keeps_empty_lines_in_place_and_replaces_invalid_utf8(workdir):
     lines = done.stdout.decode("utf-8").split("\n")
     assert lines[-1] == "" and len(lines) - 1 == 6  # one output line per input line
     assert lines[1] == "" and lines[3] == ""
+    sentences = ["Ein Hund.", "", "Ein \ufffd\ufffd Hund", "", "日本 \x00 \x1b[0m", "letzte Zeile ohne Ende"]
+    assert lines[:-1] == translations(workdir, sentences, 1)
     assert "warning: standard input: 1 line(s) are not valid UTF-8 (line 3)" in done.stderr.decode()
 
 
