@@ -130,7 +130,7 @@ def test_help_of_each_command(command, capsys):
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith(f"usage: transformer-lib {command}")
-    options = {"train": ["--preset", "--resume", "--set"],
+    options = {"train": ["--preset", "--resume", "--set", "--device"],
                "evaluate": ["--split", "--src", "--ref", "--beam"],
                "translate": ["--checkpoint", "--beam", "--batch-size", "--max-len"]}[command]
     assert all(option in text for option in options)
@@ -152,3 +152,15 @@ def test_read_lines():
     assert read_lines(b"\xef\xbb\xbfa\x0cb\n") == ["a\x0cb"]  # BOM dropped; a form feed is not a line break
     with pytest.warns(UserWarning, match=r"x: 1 line\(s\) are not valid UTF-8 \(line 2\)"):
         assert read_lines(b"ok\n\xff\n", "x") == ["ok", "\ufffd"]
+
+
+def test_train_device_option(tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", "--device", "foo", "--out", str(tmp_path / "r")]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --device foo: not a device; use auto, cpu, cuda or cuda:N"], err
+    assert not (tmp_path / "r").exists()
+    if not torch.cuda.is_available():
+        assert main(["train", "--preset", "tiny", "--device", "cuda", "--out", str(tmp_path / "r"), "--quiet"]) \
+            == EXIT_USAGE
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --device: device=cuda: this "
+                                                                           "PyTorch sees no CUDA device")

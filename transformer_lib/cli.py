@@ -19,7 +19,16 @@ from typing import Any, BinaryIO
 import torch
 
 from .data import SPLITS, DataError, load_multi30k
-from .training import PRESETS, CheckpointError, TrainConfig, UnsupportedSetting, parse_overrides, train
+from transformer_lib.training import (
+    PRESETS,
+    CheckpointError,
+    ProcessFailure,
+    TrainConfig,
+    UnsupportedSetting,
+    parse_overrides,
+    resolve_device,
+    train,
+)
 from .translate import Translator, evaluate
 
 # %% ../book/13b_command_line.ipynb #d9baaa3c
@@ -99,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser(
         "train", help="train a model on Multi30k",
-        description="Train a Transformer on Multi30k with a preset of chapter 11. Checkpoints, metrics.jsonl "
-                    "and the final model.pt go to the output folder.")
+        description="Train a Transformer on Multi30k with a preset of chapter 11b. Checkpoints, metrics.jsonl "
+                    "and the final model.pt go to the output folder. Under `torchrun --nproc_per_node=N` "
+                    "it trains data-parallel with N processes.")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model size and budget: tiny (a smoke test, minutes), cpu (60 minutes on a laptop), "
                         "gpu (10 minutes on one GPU); default: gpu when CUDA is available, else cpu")
@@ -114,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", metavar="DIR", default=None,
                    help="folder with the Multi30k files (default: $TRANSFORMER_LIB_DATA, else download to "
                         "the cache)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1, ... (default: the preset's, auto = cuda when available; under "
+                        "torchrun each process takes cuda:LOCAL_RANK)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run_train)
 
@@ -181,18 +194,36 @@ def run_train(args: argparse.Namespace) -> int:
         config = TrainConfig.from_preset(preset, **parse_overrides(args.overrides))
     except ValueError as err:
         raise CommandError(f"--set: {err}", EXIT_USAGE) from None
+    if args.device is not None:
+        try:
+            resolve_device(args.device)
+        except UnsupportedSetting:
+            raise CommandError(f"--device {args.device}: not a device; use auto, cpu, cuda or cuda:N", EXIT_USAGE) \
+                from None
+        config.device = args.device
+    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 reports
     out = Path(args.out or Path("runs") / preset)
     resume = args.resume and (out / "last.pt").exists()
-    if args.resume and not resume:
+    if args.resume and not resume and main_process:
         print(f"no checkpoint in {out} yet: starting a new run", file=sys.stderr)
     if not resume and (out / "last.pt").exists():
         raise CommandError(f"{out} already holds a run: add --resume to continue it, or choose another --out",
                            EXIT_USAGE)
-    print(f"training preset {preset!r} into {out}", file=sys.stderr)
+    if main_process:
+        print(f"training preset {preset!r} into {out}", file=sys.stderr)
     try:
         result = train(config, out, resume=resume, data_dir=args.data_dir, progress=not args.quiet)
     except UnsupportedSetting as err:
-        raise CommandError(f"--set: {err}", EXIT_USAGE) from None
+        option = "--device" if args.device is not None and str(err).startswith("device=") else "--set"
+        raise CommandError(f"{option}: {err}", EXIT_USAGE) from None
+    except ProcessFailure as err:
+        raise CommandError(str(err), EXIT_INPUT) from None
+    except KeyboardInterrupt:
+        if main_process and (out / "last.pt").exists():
+            print(f"interrupted: {out / 'last.pt'} holds the run; continue it with --resume", file=sys.stderr)
+        raise
+    if not main_process:
+        return EXIT_OK
     last = result.history[-1]
     minutes = max(r.get("minutes", 0.0) for r in result.history)
     print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss {last['val_loss']:.3f}; "

@@ -1,0 +1,178 @@
+"""Data-parallel training (transformer_lib.training under torchrun, gloo on the CPU): the same update as one process."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_lib.data import load_multi30k
+from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, encode_pairs, make_batch, noam_rate
+from transformer_lib.tokenizer import BPETokenizer
+from transformer_lib.training import (
+    CheckpointError,
+    LossComputation,
+    TrainConfig,
+    load_checkpoint,
+    step_shard,
+    token_batches,
+    train,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0,
+                train_subset=300, max_tokens=400, warmup=20, epochs=5, max_steps=12, log_every=1,
+                average_last=1, seed=3, device="cpu", threads=1)
+
+# Run on every rank by torchrun: train with SETTINGS and argv's overrides; "fail" makes rank 1 fail at step 3.
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import transformer_lib.training as training
+    from transformer_lib.tokenizer import BPETokenizer
+    out, mode, tokenizer_path, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    if mode == "fail" and os.environ["RANK"] == "1":
+        calls = []
+        make_batch = training.make_batch
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("rank 1 fails on purpose")
+            return make_batch(*args, **kwargs)
+        training.make_batch = failing
+    training.train(training.TrainConfig.from_preset("tiny", **settings), out, resume=mode == "resume",
+                   progress=False, tokenizer=BPETokenizer.load(tokenizer_path))
+    """
+)
+
+
+def _torchrun(tmp: Path, processes: int, out: Path, mode: str, tokenizer: Path, **overrides) -> subprocess.Popen:
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               str(script), str(out), mode, str(tokenizer), json.dumps({**SETTINGS, **overrides})]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return err.decode()
+
+
+def _train_losses(out: Path) -> torch.Tensor:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return torch.tensor([r["loss"] for r in records if r["kind"] == "train"], dtype=torch.float64)
+
+
+def _assert_close_weights(a: dict, b: dict, atol: float = 1e-5, skip: str = "") -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        if skip and skip in name:
+            continue
+        assert torch.allclose(a[name], b[name], atol=atol), (name, (a[name] - b[name]).abs().max())
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory):
+    pairs = load_multi30k("train")[:300]
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=400).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, tokenizer_path):
+    """A 2-process run of 12 steps: its folder."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    _finish(_torchrun(tmp, 2, tmp / "run", "new", tokenizer_path))
+    return tmp / "run"
+
+
+def test_step_shard_gives_every_rank_its_own_equal_share():
+    batches = [[i] for i in range(12)]
+    for world, accum in [(1, 1), (2, 1), (1, 2), (2, 3), (3, 2)]:
+        per_step = world * accum
+        for position in range(0, 12 - per_step + 1, per_step):
+            shards = [step_shard(batches, position, world, accum, r) for r in range(world)]
+            assert all(len(s) == accum for s in shards)
+            assert sum(shards, []) == batches[position : position + per_step]  # disjoint, all of the step
+
+
+def test_two_processes_compute_the_update_of_one_process(tmp_path, tokenizer_path, two_process_run):
+    """2 ranks x B tokens == 1 process with accum_steps=2 == 1 process with both batches merged into one (2B)."""
+    tokenizer = BPETokenizer.load(tokenizer_path)
+    two = load_checkpoint(two_process_run / "last.pt")
+    assert two["world_size"] == 2 and two["step"] == 12
+
+    accum = train(TrainConfig.from_preset("tiny", **SETTINGS, accum_steps=2), tmp_path / "accum", progress=False,
+                  tokenizer=tokenizer)
+    assert torch.allclose(_train_losses(tmp_path / "accum"), _train_losses(two_process_run), atol=1e-5)
+    _assert_close_weights(load_checkpoint(tmp_path / "accum" / "last.pt")["model"], two["model"])
+
+    # one process, one batch per step: the union of the two ranks' batches, padded together
+    config = TrainConfig.from_preset("tiny", **SETTINGS)
+    src, tgt = encode_pairs(load_multi30k("train")[:300], tokenizer, config.max_len)
+    torch.manual_seed(config.seed)
+    model = accum.model.__class__(config.model_config(tokenizer.vocab_size))
+    optimizer = torch.optim.Adam(model.parameters(), lr=noam_rate(1, config.d_model, config.warmup), betas=config.betas,
+                                 eps=config.eps)
+    schedule = NoamSchedule(optimizer, config.d_model, config.warmup)
+    net = LossComputation(model, LabelSmoothingLoss(tokenizer.vocab_size, reduction="sum"))
+    batches = token_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], config.max_tokens, seed=config.seed)
+    losses = []
+    for step in range(12):
+        idx = batches[2 * step] + batches[2 * step + 1]
+        batch = make_batch([src[i] for i in idx], [tgt[i] for i in idx])
+        loss_sum, _ = net(batch)
+        optimizer.zero_grad()
+        (loss_sum / batch.n_tgt_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad_norm)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss_sum.item() / batch.n_tgt_tokens)
+    assert torch.allclose(torch.tensor(losses, dtype=torch.float64), _train_losses(two_process_run), atol=1e-5)
+    # The keys' biases add the same number to every score of a query, which softmax ignores: their true
+    # gradient is 0, and Adam (eps=1e-9) turns the rounding noise in it into full-size steps. Padding the two
+    # batches together changes that noise, so these biases are the one place where the runs may part.
+    _assert_close_weights(model.state_dict(), two["model"], skip="k_proj.bias")
+
+
+def test_two_process_run_killed_with_sigkill_resumes_to_identical_weights(tmp_path, tokenizer_path,
+                                                                          two_process_run):
+    out = tmp_path / "killed"
+    victim = _torchrun(tmp_path, 2, out, "new", tokenizer_path, checkpoint_every=2)
+    deadline = time.time() + 120
+    while not (out / "last.pt").exists():
+        assert victim.poll() is None, victim.communicate()[1].decode()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.005)
+    os.killpg(victim.pid, signal.SIGKILL)  # torchrun and both ranks
+    victim.wait()
+    first = load_checkpoint(out / "last.pt")
+    assert 0 < first["step"] < 12 and first["position"] > 0, "the run finished before it could be killed"
+    _finish(_torchrun(tmp_path, 2, out, "resume", tokenizer_path, checkpoint_every=2))
+    resumed, full = load_checkpoint(out / "last.pt"), load_checkpoint(two_process_run / "last.pt")
+    assert resumed["step"] == full["step"] == 12
+    for name, tensor in full["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+    assert torch.equal(_train_losses(out), _train_losses(two_process_run))
+
+    # a resume that would change the data order is refused, naming the setting
+    with pytest.raises(CheckpointError, match="micro-batches per step"):
+        train(TrainConfig.from_preset("tiny", **SETTINGS), out, resume=True, progress=False)
+
+
+def test_a_failing_rank_ends_the_run_with_its_message(tmp_path, tokenizer_path):
+    started = time.time()
+    proc = _torchrun(tmp_path, 2, tmp_path / "failing", "fail", tokenizer_path)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert "rank 1 fails on purpose" in err.decode(), err.decode()[-3000:]
+    assert time.time() - started < 90

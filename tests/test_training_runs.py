@@ -1,0 +1,176 @@
+"""Training runs under each precision, compile, resume with other settings, a time budget, and signals."""
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_lib.data import load_multi30k
+from transformer_lib.tokenizer import BPETokenizer
+from transformer_lib.training import (
+    CheckpointError,
+    TrainConfig,
+    UnsupportedSetting,
+    amp_for_capability,
+    check_runtime,
+    load_checkpoint,
+    train,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1, train_subset=200,
+             max_tokens=400, warmup=10, epochs=3, log_every=1, average_last=1, seed=5, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pairs = load_multi30k("train")[:200]
+    return BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=350)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_auto_amp_from_the_device_capability():
+    assert amp_for_capability(None) is None  # the CPU: float32
+    assert amp_for_capability((7, 5)) == torch.float16  # T4: no native bfloat16, so float16 with a GradScaler
+    assert amp_for_capability((7, 0)) == torch.float16  # V100
+    assert amp_for_capability((8, 0)) == torch.bfloat16  # A100
+    assert amp_for_capability((8, 9)) == torch.bfloat16
+    assert amp_for_capability((9, 0)) == torch.bfloat16  # H100
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+def test_each_precision_trains_and_resumes_to_identical_weights(tmp_path, tokenizer, amp):
+    try:
+        check_runtime(torch.device("cpu"), amp)
+    except UnsupportedSetting as err:
+        pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
+    full = train(TrainConfig.from_preset("tiny", **SMALL, amp=amp, max_steps=8), tmp_path / "full", progress=False,
+                 tokenizer=tokenizer)
+    losses = [r["loss"] for r in full.history if r["kind"] == "train"]
+    assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
+    scaler = load_checkpoint(tmp_path / "full" / "last.pt")["scaler"]
+    assert bool(scaler) == (amp == "fp16")  # only float16 needs loss scaling
+    train(TrainConfig.from_preset("tiny", **SMALL, amp=amp, max_steps=5), tmp_path / "cut", progress=False,
+          tokenizer=tokenizer)
+    train(TrainConfig.from_preset("tiny", **SMALL, amp=amp, max_steps=8), tmp_path / "cut", resume=True,
+          progress=False)
+    assert _same(_weights(tmp_path / "full" / "last.pt"), _weights(tmp_path / "cut" / "last.pt"))
+
+
+def test_resume_with_another_precision(tmp_path, tokenizer):
+    for first, then in [("bf16", "fp16"), ("fp16", "off"), ("off", "fp16")]:
+        for amp in (first, then):
+            try:
+                check_runtime(torch.device("cpu"), amp)
+            except UnsupportedSetting as err:
+                pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
+        out = tmp_path / f"{first}-{then}"
+        train(TrainConfig.from_preset("tiny", **SMALL, amp=first, max_steps=3), out, progress=False,
+              tokenizer=tokenizer)
+        result = train(TrainConfig.from_preset("tiny", **SMALL, amp=then, max_steps=6), out, resume=True,
+                       progress=False)
+        assert result.history[-1]["step"] == 6 and load_checkpoint(out / "last.pt")["step"] == 6
+
+
+def test_resume_refuses_settings_that_change_the_data(tmp_path, tokenizer):
+    out = tmp_path / "run"
+    train(TrainConfig.from_preset("tiny", **SMALL, max_steps=2), out, progress=False, tokenizer=tokenizer)
+    for change, message in [({"max_tokens": 800}, "max_tokens: checkpoint has 400, requested 800"),
+                            ({"seed": 6}, "seed: checkpoint has 5, requested 6"),
+                            ({"accum_steps": 2}, "micro-batches per step")]:
+        with pytest.raises(CheckpointError, match=message):
+            train(TrainConfig.from_preset("tiny", **{**SMALL, **change}), out, resume=True, progress=False)
+    # the budget, the length of the run and the precision may change
+    train(TrainConfig.from_preset("tiny", **SMALL, max_steps=4, max_minutes=30.0), out, resume=True,
+          progress=False)
+
+
+def test_time_budget_continues_across_resumes(tmp_path, tokenizer):
+    out = tmp_path / "run"
+    config = dict(SMALL, cooldown=0.5, max_minutes=1000.0)
+    train(TrainConfig.from_preset("tiny", **config, max_steps=4), out, progress=False, tokenizer=tokenizer)
+    first = load_checkpoint(out / "last.pt")
+    assert first["elapsed"] > 0
+    train(TrainConfig.from_preset("tiny", **config, max_steps=8), out, resume=True, progress=False)
+    second = load_checkpoint(out / "last.pt")
+    assert second["elapsed"] > first["elapsed"]  # the clock went on from where it stopped
+    minutes = [r["minutes"] for r in second["history"] if r["kind"] == "train"]
+    assert minutes == sorted(minutes) and minutes[4] >= first["elapsed"] / 60
+
+
+def test_compile_trains_a_few_steps(tmp_path, tokenizer, monkeypatch):
+    try:
+        check_runtime(torch.device("cpu"), "off", compile=True)
+    except UnsupportedSetting as err:
+        pytest.skip(str(err))
+    # Dynamo traces the loss module (with dynamic shapes) as in a real run; the "eager" backend runs the traced
+    # graphs as they are, skipping Inductor's kernel generation, which takes minutes on a CPU.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    eager = train(TrainConfig.from_preset("tiny", **{**SMALL, "dropout": 0.0}, max_steps=3), tmp_path / "eager",
+                  progress=False, tokenizer=tokenizer)
+    compiled = train(TrainConfig.from_preset("tiny", **{**SMALL, "dropout": 0.0}, max_steps=3, compile=True),
+                     tmp_path / "compiled", progress=False, tokenizer=tokenizer)
+    a = torch.tensor([r["loss"] for r in eager.history if r["kind"] == "train"])
+    b = torch.tensor([r["loss"] for r in compiled.history if r["kind"] == "train"])
+    assert len(b) == 3 and torch.allclose(a, b, atol=1e-4), (a, b)
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    torch.set_num_threads(1)
+    from transformer_lib.tokenizer import BPETokenizer
+    from transformer_lib.training import TrainConfig, train
+    try:
+        train(TrainConfig.from_preset("tiny", **json.loads(sys.argv[4])), sys.argv[1], resume=sys.argv[2] == "resume",
+              progress=False, tokenizer=BPETokenizer.load(sys.argv[3]))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    """
+)
+
+
+def test_a_signal_saves_mid_epoch_and_the_run_resumes_at_the_same_batch(tmp_path, tokenizer):
+    """SIGTERM, as a job scheduler or torchrun sends it (Ctrl-C's SIGINT takes the same path)."""
+    settings = dict(SMALL, epochs=2, checkpoint_minutes=None)
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(path)
+    train(TrainConfig.from_preset("tiny", **settings), tmp_path / "full", progress=False, tokenizer=tokenizer)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def run(mode: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path / "cut"), mode, str(path),
+                                 json.dumps(settings)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    victim, metrics, deadline = run("new"), tmp_path / "cut" / "metrics.jsonl", time.time() + 120
+    while not metrics.exists() or metrics.read_text().count('"train"') < 3:
+        assert victim.poll() is None, victim.communicate()[1].decode()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.002)
+    victim.send_signal(signal.SIGTERM)
+    _, err = victim.communicate(timeout=60)
+    assert victim.returncode == 130, err.decode()[-2000:]
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert saved["epoch"] == 0 and 3 <= saved["position"] < 10  # in the middle of the first epoch
+    resumed = run("resume")
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err.decode()[-2000:]
+    assert _same(_weights(tmp_path / "full" / "last.pt"), _weights(tmp_path / "cut" / "last.pt"))
+    losses = [[(r["step"], r["loss"]) for r in load_checkpoint(tmp_path / run_name / "last.pt")["history"]
+               if r["kind"] == "train"] for run_name in ("full", "cut")]
+    assert losses[0] == losses[1]
