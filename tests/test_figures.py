@@ -1,4 +1,5 @@
 """The book's diagrams are drawn by tools/architecture.py: the committed SVGs must be what the code draws now."""
+import json
 import re
 import sys
 from pathlib import Path
@@ -39,10 +40,18 @@ def test_no_two_labels_overlap(name):
     assert not overlaps, f"{name}: labels overlap: {overlaps}"
 
 
+def markdown_of(page: Path) -> str:
+    """The text a reader sees: a notebook's markdown cells, or a Markdown page."""
+    if page.suffix != ".ipynb":
+        return page.read_text()
+    cells = json.loads(page.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
 def test_every_referenced_figure_exists():
     referenced = {}
     for page in PAGES:
-        for match in FIGURE_REF.finditer(page.read_text()):
+        for match in FIGURE_REF.finditer(markdown_of(page)):
             referenced.setdefault(match.group(1) or match.group(2), page.name)
     missing = {ref: page for ref, page in referenced.items() if not (BOOK / ref).is_file()}
     assert referenced, "no page shows a figure from book/figures/"
