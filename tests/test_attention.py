@@ -370,3 +370,41 @@ def test_cache_reorder_selects_batch_rows():
     direct = torch.cat([x[index], nxt], dim=1)  # (B, 5, D)
     expected, _ = mha(direct, direct, causal_mask(5))
     torch.testing.assert_close(out, expected[:, -1:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("use_sdpa", [True, False])
+@pytest.mark.parametrize("training", [False, True])
+def test_is_causal_equals_the_causal_mask(use_sdpa, training):
+    """is_causal=True gives what causal_mask(T) gives, on both paths (and with dropout, under the same seed)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, dropout=0.3 if training else 0.0, use_sdpa=use_sdpa).train(training)
+    x = torch.randn(2, 6, 16)  # (B, T, D)
+    torch.manual_seed(1)
+    flagged, _ = mha(x, x, is_causal=True)
+    torch.manual_seed(1)
+    masked, _ = mha(x, x, causal_mask(6))
+    if training and use_sdpa:  # PyTorch draws its own dropout pattern: check the shape only
+        assert flagged.shape == masked.shape
+    else:
+        torch.testing.assert_close(flagged, masked, atol=ATOL, rtol=0)
+
+
+def test_is_causal_weights_are_lower_triangular():
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(1, 5, 16)  # (B, T, D)
+    _, weights = mha(x, x, is_causal=True, need_weights=True)  # (B, H, T, T)
+    assert torch.equal(weights == 0, ~causal_mask(5).expand(1, 4, 5, 5))
+
+
+def test_is_causal_refuses_a_mask_a_cache_or_cross_attention():
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(1, 4, 16)  # (B, T, D)
+    with pytest.raises(ValueError, match="is_causal"):
+        mha(x, x, causal_mask(4), is_causal=True)
+    with pytest.raises(ValueError, match="is_causal"):
+        mha(x, torch.randn(1, 6, 16), is_causal=True)
+    cache = KVCache()
+    mha(x[:, :2], x[:, :2], causal_mask(2), cache)
+    with pytest.raises(ValueError, match="2 cached"):
+        mha(x[:, 2:], x[:, 2:], cache=cache, is_causal=True)
+    mha(x[:, :2], x[:, :2], cache=KVCache(), is_causal=True)  # an empty cache is fine: nothing to offset

@@ -248,3 +248,26 @@ def test_keep_weights_records_attention():
     assert layer.cross_attn_weights[..., 2].abs().max() == 0
     torch.testing.assert_close(layer.self_attn_weights.sum(-1), torch.ones(1, H, 4))
     assert layer.self_attn_weights.triu(1).abs().max() == 0
+
+
+@pytest.mark.parametrize("use_sdpa", [True, False])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_causal_flag_equals_causal_and_padding_mask_at_real_positions(use_sdpa, norm_first):
+    """Right-padded targets: tgt_is_causal=True equals causal & padding mask wherever a position is real."""
+    torch.manual_seed(0)
+    dec = Decoder(D, H, FF, n_layers=2, dropout=0.0, norm_first=norm_first).eval()
+    for module in dec.modules():
+        if hasattr(module, "use_sdpa"):
+            module.use_sdpa = use_sdpa
+    g = torch.Generator().manual_seed(0)
+    src, tgt = random_ids([4, 2, 3], 4, g), random_ids([6, 3, 1], 6, g)
+    memory, y = torch.randn(3, 4, D), torch.randn(3, 6, D)
+    real = tgt != 0  # (B, T)
+    with torch.no_grad():
+        masked = dec(y, memory, causal_mask(6) & padding_mask(tgt), padding_mask(src))
+        flagged = dec(y, memory, None, padding_mask(src), tgt_is_causal=True)
+        layer = dec.layers[0](y, memory, None, padding_mask(src), tgt_is_causal=True)
+        layer_masked = dec.layers[0](y, memory, causal_mask(6) & padding_mask(tgt), padding_mask(src))
+    torch.testing.assert_close(flagged[real], masked[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(layer[real], layer_masked[real], atol=1e-5, rtol=0)
+    assert not torch.allclose(flagged[~real], masked[~real], atol=1e-5)  # padded rows do differ, unread

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from transformer_lib.attention import causal_mask
+from transformer_lib.attention import causal_mask, padding_mask
 from transformer_lib.model import Transformer, TransformerConfig, parameter_counts
 from transformer_lib.positional import sinusoidal_encoding
 
@@ -81,9 +81,10 @@ def test_from_torch_equals_reference(norm_first, tied, seed):
     assert ours.config.norm_first is norm_first and ours.config.final_norm is True
     assert ours.config.tie_embeddings is tied
     src, tgt = padded_batch(g, [9, 4, 1, 7], [6, 6, 2, 4], S=9, T=6)
+    real = tgt != 0  # (B, T): ours masks the target causally only, so padded positions differ and are never read
     with torch.no_grad():
         expected, got = ref(src, tgt), ours(src, tgt)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
 
 
 def test_from_torch_needs_matching_final_norms():
@@ -205,6 +206,29 @@ def test_padding_invariance(src_len, tgt_len, extra, seed, norm_first):
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("use_sdpa", [True, False])
+def test_causal_flag_equals_the_causal_and_padding_mask_at_real_positions(norm_first, use_sdpa):
+    """decode's causal flag gives the outputs of the full (B, 1, T, T) causal & padding mask at real positions."""
+    model = eval_model(norm_first)
+    src, tgt = padded_batch(torch.Generator().manual_seed(3), [6, 3, 5, 2], [7, 4, 6, 1], S=6, T=7)
+    real = tgt != 0  # (B, T)
+    try:
+        for module in model.modules():
+            if hasattr(module, "use_sdpa"):
+                module.use_sdpa = use_sdpa
+        with torch.no_grad():
+            memory, src_mask = model.encode(src)
+            flagged = model.decode(tgt, memory, src_mask)  # (B, T, D)
+            y = model.positional(model.tgt_embed(tgt))  # (B, T, D)
+            masked = model.decoder(y, memory, causal_mask(7) & padding_mask(tgt), src_mask)  # (B, T, D)
+    finally:
+        for module in model.modules():
+            if hasattr(module, "use_sdpa"):
+                module.use_sdpa = True
+    torch.testing.assert_close(flagged[real], masked[real], atol=1e-5, rtol=0)
+
+
 @settings(max_examples=15, deadline=None)
 @given(T=st.integers(2, 8), position=st.integers(0, 7), seed=st.integers(0, 1000))
 def test_causality(T, position, seed):
@@ -222,10 +246,11 @@ def test_causality(T, position, seed):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("chunks", [[1] * 7, [3, 1, 2, 1], [7]])
-def test_cached_decoding_equals_full(norm_first, chunks):
+@pytest.mark.parametrize("tgt_lengths", [[7, 7, 7], [7, 4, 2]])
+def test_cached_decoding_equals_full(norm_first, chunks, tgt_lengths):
     torch.manual_seed(0)
     model = Transformer(small_config(norm_first=norm_first)).eval()
-    src, tgt = padded_batch(torch.Generator().manual_seed(0), [6, 3, 5], [7, 7, 7], S=6, T=7)
+    src, tgt = padded_batch(torch.Generator().manual_seed(0), [6, 3, 5], tgt_lengths, S=6, T=7)
     with torch.no_grad():
         memory, src_mask = model.encode(src)
         full = model.generator(model.decode(tgt, memory, src_mask))

@@ -116,22 +116,33 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from x_q (B, T, D) to x_kv (B, S, D): output (B, T, D), weights (B, H, T, S) or None."""
+        """Attend from x_q (B, T, D) to x_kv (B, S, D): output (B, T, D), weights (B, H, T, S) or None.
+
+        is_causal=True is causal_mask(T) without building it: full self-attention (S = T, nothing cached), no mask.
+        """
         if mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+        if is_causal:
+            cached = 0 if cache is None else len(cache)
+            if mask is not None or cached or x_kv.size(1) != x_q.size(1):
+                raise ValueError(f"is_causal=True needs no mask, nothing cached and S = T (got S={x_kv.size(1)}, "
+                                 f"T={x_q.size(1)}, {cached} cached); pass causal_mask(T, offset=...) instead")
         q = self._queries(x_q, cache)  # (B, H, T, Dh)
         k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
         if self.use_sdpa and not need_weights:
             weights = None
             if mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, Dh)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal)  # (B, H, T, Dh)
             else:
                 has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T|1, 1)
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=p)
                 out = out.masked_fill(~has_key, 0.0)  # (B, H, T, Dh): rows with no key give zeros
         else:
+            if is_causal:
+                mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T)
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, Dh)
         out = rearrange(out, "b h t d -> b t (h d)")  # (B, T, D)
         return self.out_proj(out), weights

@@ -175,8 +175,9 @@ class DecoderLayer(nn.Module):
         self.self_attn_weights: torch.Tensor | None = None  # (B, H, T, T) after a call with keep_weights
         self.cross_attn_weights: torch.Tensor | None = None  # (B, H, T, S) after a call with keep_weights
 
-    def _self_attention(self, h: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
-        out, weights = self.self_attn(h, h, mask, cache, need_weights=self.keep_weights)  # (B, T, D)
+    def _self_attention(self, h: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None,
+                        is_causal: bool = False) -> torch.Tensor:
+        out, weights = self.self_attn(h, h, mask, cache, need_weights=self.keep_weights, is_causal=is_causal)
         if self.keep_weights:
             self.self_attn_weights = weights  # (B, H, T, T_cached + T)
         return out
@@ -189,11 +190,15 @@ class DecoderLayer(nn.Module):
         return out
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor, tgt_mask: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, cache: LayerCache | None = None) -> torch.Tensor:
-        """Decode y (B, T, D) against memory (B, S, D); tgt_mask (B|1, 1, T, T), memory_mask (B, 1, 1, S)."""
+                memory_mask: torch.Tensor | None = None, cache: LayerCache | None = None,
+                tgt_is_causal: bool = False) -> torch.Tensor:
+        """Decode y (B, T, D) against memory (B, S, D); tgt_mask (B|1, 1, T, T), memory_mask (B, 1, 1, S).
+
+        tgt_is_causal=True (with tgt_mask None) masks the self-attention causally without a mask tensor.
+        """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
-        y = self.sublayers[0](y, lambda h: self._self_attention(h, tgt_mask, self_cache))  # (B, T, D)
+        y = self.sublayers[0](y, lambda h: self._self_attention(h, tgt_mask, self_cache, tgt_is_causal))  # (B, T, D)
         y = self.sublayers[1](y, lambda h: self._cross_attention(h, memory, memory_mask, cross_cache))  # (B, T, D)
         return self.sublayers[2](y, self.ffn)  # (B, T, D)
 
@@ -227,12 +232,13 @@ class Decoder(nn.Module):
         return [LayerCache() for _ in self.layers]
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor, tgt_mask: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, cache: list[LayerCache] | None = None) -> torch.Tensor:
+                memory_mask: torch.Tensor | None = None, cache: list[LayerCache] | None = None,
+                tgt_is_causal: bool = False) -> torch.Tensor:
         """Decode y (B, T, D) against memory (B, S, D) through every layer; returns (B, T, D)."""
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache)} entries for {len(self.layers)} layers; use new_cache()")
         for i, layer in enumerate(self.layers):
-            y = layer(y, memory, tgt_mask, memory_mask, None if cache is None else cache[i])  # (B, T, D)
+            y = layer(y, memory, tgt_mask, memory_mask, None if cache is None else cache[i], tgt_is_causal)
         return self.norm(y)  # (B, T, D)
 
     @classmethod

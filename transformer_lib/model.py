@@ -119,19 +119,22 @@ class Transformer(nn.Module):
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                cache: list[LayerCache] | None = None, offset: int = 0) -> torch.Tensor:
-        """Target ids (B, T) at positions offset.. to decoder vectors (B, T, D); with a cache, offset = cached length."""
+        """Target ids (B, T) at positions offset.. to decoder vectors (B, T, D); with a cache, offset = cached length.
+
+        tgt must be right-padded: outputs at padded positions are not masked and mean nothing.
+        """
         T = tgt.size(1)
         if cache is None:
             if offset:
                 raise ValueError(f"offset={offset} needs the cache of the earlier positions")
-            tgt_mask = causal_mask(T, tgt.device) & padding_mask(tgt, self.config.pad_id)  # (B, 1, T, T)
+            tgt_mask = None  # right-padded targets need only the causal mask: a flag, no tensor (chapter 9)
         else:
             cached = len(cache[0].self_attn) if cache else 0
             if offset != cached:
                 raise ValueError(f"offset={offset} but the cache holds {cached} positions")
             tgt_mask = None if T == 1 else causal_mask(T, tgt.device, offset=offset)  # (1, 1, T, offset + T)
         y = self.positional(self.tgt_embed(tgt), offset)  # (B, T, D)
-        return self.decoder(y, memory, tgt_mask, src_mask, cache)  # (B, T, D)
+        return self.decoder(y, memory, tgt_mask, src_mask, cache, tgt_is_causal=cache is None)  # (B, T, D)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """Source ids (B, S) and target ids (B, T) to next-token log-probabilities (B, T, V)."""
