@@ -20,6 +20,7 @@ import torch
 
 from .data import SPLITS, DataError, load_multi30k
 from transformer_lib.training import (
+    CORPUS_FIELDS,
     PRESETS,
     CheckpointError,
     ProcessFailure,
@@ -107,10 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(
-        "train", help="train a model on Multi30k",
-        description="Train a Transformer on Multi30k with a preset of chapter 11b. Checkpoints, metrics.jsonl "
-                    "and the final model.pt go to the output folder. Under `torchrun --nproc_per_node=N` "
-                    "it trains data-parallel with N processes.")
+        "train", help="train a model on Multi30k or on your own parallel corpus",
+        description="Train a Transformer on Multi30k (or on your own corpus: --train and --val) with a preset "
+                    "of chapter 11b. Checkpoints, metrics.jsonl and the final model.pt go to the output folder. "
+                    "Under `torchrun --nproc_per_node=N` it trains data-parallel with N processes.")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model size and budget: tiny (a smoke test, minutes), cpu (60 minutes on a laptop), "
                         "gpu (10 minutes on one GPU); default: gpu when CUDA is available, else cpu")
@@ -124,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", metavar="DIR", default=None,
                    help="folder with the Multi30k files (default: $TRANSFORMER_LIB_DATA, else download to "
                         "the cache)")
+    p.add_argument("--train", nargs=2, metavar=("SRC", "TGT"), default=None, dest="train_files",
+                   help="train on your own parallel corpus instead of Multi30k: two UTF-8 files of one sentence "
+                        "a line, line i of TGT translating line i of SRC (needs --val); the tokenizer is trained "
+                        "on them, and the run records their SHA-256 checksums")
+    p.add_argument("--val", nargs=2, metavar=("SRC", "TGT"), default=None, dest="val_files",
+                   help="the validation files of your corpus, as --train's")
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:1, ... (default: the preset's, auto = cuda when available; under "
                         "torchrun each process takes cuda:LOCAL_RANK)")
@@ -194,6 +201,12 @@ def run_train(args: argparse.Namespace) -> int:
         config = TrainConfig.from_preset(preset, **parse_overrides(args.overrides))
     except ValueError as err:
         raise CommandError(f"--set: {err}", EXIT_USAGE) from None
+    if (args.train_files is None) != (args.val_files is None):
+        raise CommandError("--train and --val go together: a corpus needs training and validation files",
+                           EXIT_USAGE)
+    if args.train_files is not None:
+        config = TrainConfig.from_dict({**config.to_dict(), **dict(zip(CORPUS_FIELDS, args.train_files
+                                                                        + args.val_files))})
     if args.device is not None:
         try:
             resolve_device(args.device)

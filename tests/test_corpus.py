@@ -1,0 +1,125 @@
+"""Training on a corpus of one's own: parallel text files instead of Multi30k, their checks before any work, their
+checksums in the run, and a resume on other files refused; through train and through the command line."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer_lib.data import DataError
+from transformer_lib.training import CheckpointError, TrainConfig, load_checkpoint, read_parallel, train
+
+SMALL = dict(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.1, vocab_size=300,
+             max_tokens=300, warmup=5, epochs=1, max_steps=3, log_every=1, average_last=1, seed=0, device="cpu",
+             max_minutes=None)
+ANIMALS = ["Hund", "Katze", "Pferd", "Vogel", "Fisch"]
+TIERE = ["dog", "cat", "horse", "bird", "fish"]
+
+
+def write_corpus(folder: Path, n_train: int = 300, n_val: int = 20) -> dict[str, str]:
+    """A toy German-English corpus: n_train and n_val short sentence pairs in four files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    def lines(n, offset):
+        de = [f"Der {ANIMALS[(i + offset) % 5]} sieht {i % 7} Bäume." for i in range(n)]
+        en = [f"The {TIERE[(i + offset) % 5]} sees {i % 7} trees." for i in range(n)]
+        return de, en
+    paths = {}
+    for split, n, offset in (("train", n_train, 0), ("val", n_val, 2)):
+        de, en = lines(n, offset)
+        for side, text in (("src", de), ("tgt", en)):
+            path = folder / f"{split}.{side}"
+            path.write_text("\n".join(text) + "\n", encoding="utf-8")
+            paths[f"{split}_{side}"] = str(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRANSFORMER_LIB_CACHE", str(tmp_path / "cache"))
+
+
+def test_trains_on_the_files_and_records_them(corpus, tmp_path):
+    result = train(TrainConfig(**SMALL, **corpus), tmp_path / "run", progress=False)
+    setup = result.history[0]
+    assert setup["train_pairs"] == 300 and setup["val_pairs"] == 20
+    assert set(setup["corpus"]) == {"train_src", "train_tgt", "val_src", "val_tgt"}
+    for name, path in corpus.items():
+        assert setup["corpus"][name]["path"] == path and len(setup["corpus"][name]["sha256"]) == 64
+    assert result.history[-1]["step"] == 3
+    for file in ("last.pt", "model.pt"):
+        saved = load_checkpoint(tmp_path / "run" / file)["train_config"]
+        assert saved["train_src"] == corpus["train_src"]
+        assert saved["corpus_sha256"] == {k: v["sha256"] for k, v in setup["corpus"].items()}
+    assert "Hund" in result.tokenizer.decode(result.tokenizer.encode("Der Hund"))
+    cached = list((tmp_path / "cache" / "tokenizers").glob("corpus-*.json"))
+    assert len(cached) == 1  # trained once, cached under the files' checksums
+    # a resume on the same files continues; on changed files it is refused
+    more = train(TrainConfig(**{**SMALL, "max_steps": 5}, **corpus), tmp_path / "run", resume=True, progress=False)
+    assert more.history[-1]["step"] == 5
+    changed = write_corpus(tmp_path / "changed", n_train=301)
+    with pytest.raises(CheckpointError, match="other corpus files.*train_src: checkpoint has sha256"):
+        train(TrainConfig(**{**SMALL, "max_steps": 7}, **changed), tmp_path / "run", resume=True, progress=False)
+    with pytest.raises(CheckpointError, match="trained on corpus files, and this resume asks for Multi30k"):
+        train(TrainConfig(**{**SMALL, "max_steps": 7}), tmp_path / "run", resume=True, progress=False)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p["train_tgt"].write_text("one\ntwo\n", encoding="utf-8"), r"train\.src has 300 lines but .*train\.tgt has 2"),
+    (lambda p: p["val_src"].write_bytes(b""), r"val\.src is empty"),
+    (lambda p: p["val_tgt"].write_text("\n\n", encoding="utf-8"), r"val\.tgt is empty"),
+    (lambda p: p["train_src"].write_bytes(b"gut\nauch gut\nnicht \xff gut\n"), r"train\.src: line 3 is not valid UTF-8"),
+    (lambda p: p["val_src"].unlink(), r"cannot read .*val\.src"),
+])
+def test_bad_files_are_refused_before_training(tmp_path, damage, message):
+    paths = write_corpus(tmp_path / "data")
+    damage({k: Path(v) for k, v in paths.items()})
+    with pytest.raises(DataError, match=message):
+        train(TrainConfig(**SMALL, **paths), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_read_parallel_lines(tmp_path):
+    (tmp_path / "a").write_bytes("\ufeffeins\r\nzwei\n".encode())
+    (tmp_path / "b").write_bytes(b"one\ntwo")
+    assert read_parallel(tmp_path / "a", tmp_path / "b") == [("eins", "one"), ("zwei", "two")]
+
+
+def test_all_four_files_or_none():
+    with pytest.raises(ValueError, match="go together: val_src, val_tgt missing"):
+        TrainConfig(train_src="a", train_tgt="b")
+
+
+def test_command_line(corpus, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", TRANSFORMER_LIB_CACHE=str(tmp_path / "cache"))
+    small = [f"{k}={v}" for k, v in SMALL.items() if k not in ("device",)]
+    base = [sys.executable, "-m", "transformer_lib", "train", "--preset", "tiny", "--device", "cpu", "--quiet",
+            "--out", str(tmp_path / "run")] + [a for s in small for a in ("--set", s)]
+    files = ["--train", corpus["train_src"], corpus["train_tgt"], "--val", corpus["val_src"], corpus["val_tgt"]]
+    done = subprocess.run(base + files, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    setup = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert setup["corpus"]["val_tgt"]["path"] == corpus["val_tgt"]
+    half = subprocess.run(base + files[:3], capture_output=True, text=True, env=env, timeout=300)
+    assert half.returncode == 2 and "--train and --val go together" in half.stderr
+    other = write_corpus(tmp_path / "other", n_val=21)
+    files[4:6] = [str(tmp_path / "other" / "val.src"), str(tmp_path / "other" / "val.tgt")]
+    refused = subprocess.run(base + files + ["--resume", "--set", "max_steps=6"], capture_output=True, text=True,
+                             env=env, timeout=300)
+    assert refused.returncode == 2 and "other corpus files (val_src" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    bad = write_corpus(tmp_path / "bad")
+    Path(bad["train_tgt"]).write_bytes(b"")
+    empty = subprocess.run([*base[:-2 * len(small)], "--out", str(tmp_path / "run2"), "--train", bad["train_src"],
+                            bad["train_tgt"], "--val", bad["val_src"], bad["val_tgt"]], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert empty.returncode == 1 and "train.tgt is empty" in empty.stderr and "Traceback" not in empty.stderr
+    help_text = subprocess.run([sys.executable, "-m", "transformer_lib", "train", "--help"], capture_output=True,
+                               text=True, env=env).stdout
+    assert "--train SRC TGT" in help_text and "--val SRC TGT" in help_text
