@@ -308,6 +308,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                            'transformer_lib.tokenizer._readable': ('tokens.html#_readable', 'transformer_lib/tokenizer.py'),
                                            'transformer_lib.tokenizer._write_atomically': ( 'tokens.html#_write_atomically',
                                                                                             'transformer_lib/tokenizer.py'),
+                                           'transformer_lib.tokenizer.cached_tokenizer': ( 'tokens.html#cached_tokenizer',
+                                                                                           'transformer_lib/tokenizer.py'),
                                            'transformer_lib.tokenizer.learn_merges': ( 'tokens.html#learn_merges',
                                                                                        'transformer_lib/tokenizer.py'),
                                            'transformer_lib.tokenizer.merge_ids': ('tokens.html#merge_ids', 'transformer_lib/tokenizer.py'),

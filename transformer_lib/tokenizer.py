@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'UNK', 'PAD_ID', 'BOS_ID', 'EOS_ID', 'UNK_ID', 'SPECIAL_TOKENS', 'N_SPECIAL', 'N_BASE', 'PATTERN',
-           'pretokenize', 'merge_ids', 'learn_merges', 'BPETokenizer', 'multi30k_tokenizer']
+           'pretokenize', 'merge_ids', 'learn_merges', 'BPETokenizer', 'multi30k_tokenizer', 'cached_tokenizer']
 
 # %% ../book/01_tokens.ipynb #d28a5280
 import heapq
@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -264,12 +264,18 @@ def multi30k_tokenizer(vocab_size: int = 8000, data_dir: str | Path | None = Non
     from transformer_lib.data import cache_dir, load_multi30k  # imported here: the data module builds on this one
 
     path = cache_dir() / "tokenizers" / f"multi30k-bpe{vocab_size}-v{_FORMAT_VERSION}.json"
+    return cached_tokenizer(path, lambda: load_multi30k("train", data_dir), vocab_size)
+
+
+def cached_tokenizer(path: Path, training_pairs: Callable[[], Sequence[tuple[str, str]]],
+                     vocab_size: int) -> BPETokenizer:
+    """The tokenizer saved at path; else one trained jointly on both sides of training_pairs(), then saved there."""
     if path.is_file():
         try:
             return BPETokenizer.load(path)
         except (OSError, ValueError):
             pass  # an unreadable cache file is rebuilt below
-    pairs = load_multi30k("train", data_dir)
-    tokenizer = BPETokenizer.train([de for de, _ in pairs] + [en for _, en in pairs], vocab_size)
+    pairs = training_pairs()
+    tokenizer = BPETokenizer.train([a for a, _ in pairs] + [b for _, b in pairs], vocab_size)
     tokenizer.save(path)
     return tokenizer

@@ -62,7 +62,7 @@ from transformer_lib.recipe import (
     padding_fraction,
     token_batches,
 )
-from .tokenizer import _FORMAT_VERSION, BPETokenizer, multi30k_tokenizer
+from .tokenizer import _FORMAT_VERSION, BPETokenizer, cached_tokenizer, multi30k_tokenizer
 
 # the names of chapters 11 and 11a, importable from here as before
 _all_ = ["CHECKPOINT_FORMAT", "DATA_ORDER_FIELDS", "CheckpointError", "check_data_order", "check_model_config",
@@ -882,14 +882,7 @@ def corpus_tokenizer(pairs: Sequence[tuple[str, str]], vocab_size: int, checksum
     """The joint BPE tokenizer of a corpus's training pairs, cached under cache_dir() by its files' checksums."""
     key = hashlib.sha256((checksums["train_src"] + checksums["train_tgt"]).encode()).hexdigest()[:16]
     path = cache_dir() / "tokenizers" / f"corpus-{key}-bpe{vocab_size}-v{_FORMAT_VERSION}.json"
-    if path.is_file():
-        try:
-            return BPETokenizer.load(path)
-        except (OSError, ValueError):
-            pass  # an unreadable cache file is rebuilt below
-    tokenizer = BPETokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], vocab_size)
-    tokenizer.save(path)
-    return tokenizer
+    return cached_tokenizer(path, lambda: pairs, vocab_size)
 
 
 def check_corpus(saved: dict[str, str] | None, wanted: dict[str, str] | None, path: str | Path) -> None:
