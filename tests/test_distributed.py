@@ -80,18 +80,10 @@ def _assert_close_weights(a: dict, b: dict, atol: float = 1e-5, skip: str = "") 
 
 
 @pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    pairs = load_multi30k("train")[:300]
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=400).save(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory, tokenizer_path):
+def two_process_run(tmp_path_factory, small_tokenizer):
     """A 2-process run of 12 steps: its folder."""
     tmp = tmp_path_factory.mktemp("ddp")
-    _finish(_torchrun(tmp, 2, tmp / "run", "new", tokenizer_path))
+    _finish(_torchrun(tmp, 2, tmp / "run", "new", small_tokenizer))
     return tmp / "run"
 
 
@@ -105,9 +97,9 @@ def test_step_shard_gives_every_rank_its_own_equal_share():
             assert sum(shards, []) == batches[position : position + per_step]  # disjoint, all of the step
 
 
-def test_two_processes_compute_the_update_of_one_process(tmp_path, tokenizer_path, two_process_run):
+def test_two_processes_compute_the_update_of_one_process(tmp_path, small_tokenizer, two_process_run):
     """2 ranks x B tokens == 1 process with accum_steps=2 == 1 process with both batches merged into one (2B)."""
-    tokenizer = BPETokenizer.load(tokenizer_path)
+    tokenizer = BPETokenizer.load(small_tokenizer)
     two = load_checkpoint(two_process_run / "last.pt")
     assert two["world_size"] == 2 and two["step"] == 12
 
@@ -144,10 +136,10 @@ def test_two_processes_compute_the_update_of_one_process(tmp_path, tokenizer_pat
     _assert_close_weights(model.state_dict(), two["model"], skip="k_proj.bias")
 
 
-def test_two_process_run_killed_with_sigkill_resumes_to_identical_weights(tmp_path, tokenizer_path,
+def test_two_process_run_killed_with_sigkill_resumes_to_identical_weights(tmp_path, small_tokenizer,
                                                                           two_process_run):
     out = tmp_path / "killed"
-    victim = _torchrun(tmp_path, 2, out, "new", tokenizer_path, checkpoint_every=2)
+    victim = _torchrun(tmp_path, 2, out, "new", small_tokenizer, checkpoint_every=2)
     deadline = time.time() + 120
     while not (out / "last.pt").exists():
         assert victim.poll() is None, victim.communicate()[1].decode()[-2000:]
@@ -157,7 +149,7 @@ def test_two_process_run_killed_with_sigkill_resumes_to_identical_weights(tmp_pa
     victim.wait()
     first = load_checkpoint(out / "last.pt")
     assert 0 < first["step"] < 12 and first["position"] > 0, "the run finished before it could be killed"
-    _finish(_torchrun(tmp_path, 2, out, "resume", tokenizer_path, checkpoint_every=2))
+    _finish(_torchrun(tmp_path, 2, out, "resume", small_tokenizer, checkpoint_every=2))
     resumed, full = load_checkpoint(out / "last.pt"), load_checkpoint(two_process_run / "last.pt")
     assert resumed["step"] == full["step"] == 12
     for name, tensor in full["model"].items():
@@ -169,9 +161,9 @@ def test_two_process_run_killed_with_sigkill_resumes_to_identical_weights(tmp_pa
         train(TrainConfig.from_preset("tiny", **SETTINGS), out, resume=True, progress=False)
 
 
-def test_a_failing_rank_ends_the_run_with_its_message(tmp_path, tokenizer_path):
+def test_a_failing_rank_ends_the_run_with_its_message(tmp_path, small_tokenizer):
     started = time.time()
-    proc = _torchrun(tmp_path, 2, tmp_path / "failing", "fail", tokenizer_path)
+    proc = _torchrun(tmp_path, 2, tmp_path / "failing", "fail", small_tokenizer)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode != 0
     assert "rank 1 fails on purpose" in err.decode(), err.decode()[-3000:]

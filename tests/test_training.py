@@ -302,17 +302,6 @@ def _losses(out: Path) -> list[tuple]:
             for r in records if r["kind"] != "setup"]
 
 
-@pytest.fixture(scope="module")
-def small_tokenizer(tmp_path_factory):
-    from transformer_lib.data import load_multi30k
-    from transformer_lib.tokenizer import BPETokenizer
-
-    pairs = load_multi30k("train")[:300]
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=400).save(path)
-    return path
-
-
 def test_killed_run_resumes_to_identical_weights_and_losses(tmp_path, small_tokenizer):
     full, killed = tmp_path / "full", tmp_path / "killed"
     reference = _run(full, "new", small_tokenizer)  # runs alongside the killed one
