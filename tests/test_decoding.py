@@ -161,6 +161,17 @@ def test_beam_search_equals_a_plain_beam_search(m, eos_bias, seed, batch, beam_s
     assert beam_search(model, src, beam_size, alpha, max_len=max_len, include_greedy=False) == expected
 
 
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.integers(0, 2), st.sampled_from([0.0, 3.0]), st.integers(0, 10_000), st.integers(2, 6), st.integers(1, 15))
+def test_a_sentence_that_finishes_leaves_the_others_unchanged(m, eos_bias, seed, batch, max_len):
+    """Finished sentences leave the batch: each sentence decodes as it would alone."""
+    model, src = eos_model(m, eos_bias), random_sources(seed, batch, 6)
+    assert greedy_decode(model, src, max_len) == [greedy_decode(model, src[b : b + 1], max_len)[0]
+                                                  for b in range(batch)]
+    assert beam_search(model, src, 3, max_len=max_len) == [beam_search(model, src[b : b + 1], 3, max_len=max_len)[0]
+                                                           for b in range(batch)]
+
+
 def test_include_greedy_returns_the_better_of_beam_and_greedy():
     """Beam search alone can end below greedy decoding; include_greedy=True then returns greedy's hypothesis."""
     alpha, lost = 0.6, 0

@@ -17,6 +17,7 @@ from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.training import (
     CheckpointError,
     TrainConfig,
+    Trainer,
     UnsupportedSetting,
     amp_for_capability,
     check_runtime,
@@ -50,6 +51,20 @@ def test_auto_amp_from_the_device_capability():
     assert amp_for_capability((8, 0)) == torch.bfloat16  # A100
     assert amp_for_capability((8, 9)) == torch.bfloat16
     assert amp_for_capability((9, 0)) == torch.bfloat16  # H100
+
+
+def test_snapshots_are_kept_every_snapshot_minutes(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setattr(Trainer, "minutes", lambda self: self.step / 2)  # a clock of half a minute per step
+    train(TrainConfig.from_preset("tiny", **SMALL, max_steps=7, snapshot_minutes=1.0), tmp_path, progress=False,
+          tokenizer=tokenizer)
+    found = sorted(tmp_path.glob("snapshot*.pt"))
+    assert [p.name for p in found] == ["snapshot001.pt", "snapshot002.pt", "snapshot003.pt"]
+    snapshots = [load_checkpoint(p) for p in found]
+    assert [(s["kind"], s["step"], s["minutes"]) for s in snapshots] == [("weights", 2, 1.0), ("weights", 4, 2.0),
+                                                                        ("weights", 6, 3.0)]
+    assert not _same(snapshots[0]["model"], snapshots[2]["model"])  # the weights of their own step
+    with pytest.raises(ValueError, match="snapshot_minutes"):
+        TrainConfig(snapshot_minutes=0)
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])  # float32 ("off"): test_training.py and the signal test below

@@ -16,6 +16,7 @@ from transformer_lib.translate import (
     cross_attention,
     evaluate,
     evaluate_checkpoint,
+    learning_curve,
     preset_of,
     split_words,
     unsupported_words,
@@ -159,6 +160,31 @@ def test_evaluate_checkpoint_gives_the_fields_of_a_results_file(translator, tmp_
     assert results["parameters"] == sum(p.numel() for p in translator.model.parameters())
     assert set(results["bleu"]) == {"val"} and set(results["bleu"]["val"]) == {"cased", "lowercase"}
     assert results["signature"].startswith("nrefs:1|case:mixed")
+
+
+def test_learning_curve_scores_each_snapshot_then_the_final_model(translator, tmp_path, monkeypatch):
+    from transformer_lib import translate
+
+    history = [{"kind": "setup", "device": "cpu"}, {"kind": "val", "minutes": 3.04}]
+    checkpoint(translator, tmp_path / "model.pt", history=history, step=9)
+    final = translator.model.state_dict()
+    torch.manual_seed(1)
+    other = {k: torch.randn_like(v) if v.is_floating_point() else v for k, v in final.items()}
+    for k, (weights, minutes, step) in enumerate([(other, 1.04, 3), (final, 2.0, 6)], start=1):
+        save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "weights", "model": weights, "epoch": 0, "step": step,
+                         "minutes": minutes}, tmp_path / f"snapshot{k:03d}.pt")
+    seen = []
+
+    def scored(translator, pairs, *args, **kwargs):  # which weights were scored, on which sentences
+        seen.append((float(translator.model.generator.weight.detach().sum()), len(pairs)))
+        return {"cased": float(len(seen)), "lowercase": -float(len(seen))}
+
+    monkeypatch.setattr(translate, "evaluate", scored)
+    curve = learning_curve(tmp_path, device="cpu")
+    assert [(p["minutes"], p["step"], p["final"], p["cased"]) for p in curve] == [
+        (1.0, 3, False, 1.0), (2.0, 6, False, 2.0), (3.0, 9, True, 3.0)]
+    sums = [float(w["generator.weight"].sum()) for w in (other, final, final)]
+    assert [s for s, _ in seen] == pytest.approx(sums) and {n for _, n in seen} == {1014}  # all of val
 
 
 def test_the_translator_decodes_on_the_device_of_the_model(translator):

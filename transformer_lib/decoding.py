@@ -64,16 +64,27 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
     with evaluating(model):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
-        ys = src.new_full((src.size(0), 1), cfg.bos_id)  # (B, 1)
-        done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)  # (B,)
+        ys = src.new_full((src.size(0), 1), cfg.bos_id)  # (A, 1): the A sentences still decoding, A = B first
+        live = list(range(src.size(0)))  # the sentence of each row of ys
+        outputs: list[list[int]] = [[] for _ in live]
         for _ in range(steps):
-            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (B, V)
-            token = log_probs.argmax(dim=-1).masked_fill(done, cfg.pad_id)  # (B,)
-            ys = torch.cat([ys, token[:, None]], dim=1)  # (B, t + 1)
-            done |= token == cfg.eos_id
-            if done.all():
-                break
-    return [until_eos(row, cfg.eos_id) for row in ys[:, 1:].tolist()]
+            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A, V)
+            token = log_probs.argmax(dim=-1)  # (A,)
+            ys = torch.cat([ys, token[:, None]], dim=1)  # (A, t + 1)
+            ended = token == cfg.eos_id  # (A,)
+            if ended.any():  # a finished sentence leaves the batch: no more work on it
+                for a in ended.nonzero()[:, 0].tolist():
+                    outputs[live[a]] = ys[a, 1:-1].tolist()
+                going = (~ended).nonzero()[:, 0]  # (A',)
+                live = [live[a] for a in going.tolist()]
+                if not live:
+                    break
+                ys, memory, src_mask = ys[going], memory[going], src_mask[going]  # (A', ...)
+                for layer_cache in cache or []:
+                    layer_cache.reorder(going)
+        for a, b in enumerate(live):  # out of budget: the tokens so far, without eos
+            outputs[b] = ys[a, 1:].tolist()
+    return outputs
 
 # %% ../book/12_decoding.ipynb #17924e80
 def length_penalty(length: int | Tensor, alpha: float = 0.6) -> float | Tensor:
@@ -115,34 +126,40 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
         memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D): row b*K + k is beam k of sentence b
         src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
         cache = model.new_cache()
-        ys = src.new_full((B * K, 1), cfg.bos_id)  # (B*K, 1)
-        scores = torch.full((B, K), float("-inf"), device=src.device)  # (B, K): log p of each beam's prefix
+        ys = src.new_full((B * K, 1), cfg.bos_id)  # (A*K, 1): the A sentences still searching, A = B first
+        live = list(range(B))  # the sentence of each group of K rows
+        scores = torch.full((B, K), float("-inf"), device=src.device)  # (A, K): log p of each beam's prefix
         scores[:, 0] = 0.0  # one live beam to start with
         for t in range(1, steps + 1):
-            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (B*K, V)
+            A = len(live)
+            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A*K, V)
             V = log_probs.size(-1)
-            candidates = (scores[:, :, None] + log_probs.view(B, K, V)).view(B, K * V)  # (B, K*V)
-            top, flat = candidates.topk(2 * K, dim=-1)  # (B, 2K), best first
-            beam, token = flat // V, flat % V  # (B, 2K): which beam each candidate extends, with which token
-            is_eos = token == cfg.eos_id  # (B, 2K)
-            for b, j in (is_eos[:, :K] & (top[:, :K] > float("-inf"))).nonzero().tolist():
-                if len(finished[b]) < K:
-                    tokens = ys[b * K + beam[b, j].item(), 1:].tolist()
-                    finished[b].append((top[b, j].item() / length_penalty(t, alpha), tokens))
-            keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[:, :K]  # (B, K): the best K without eos
-            rows = (torch.arange(B, device=src.device)[:, None] * K + beam.gather(1, keep)).view(-1)  # (B*K,)
-            new_tokens = token.gather(1, keep).view(-1, 1)  # (B*K, 1)
-            ys = torch.cat([ys.index_select(0, rows), new_tokens], dim=1)  # (B*K, t + 1)
+            candidates = (scores[:, :, None] + log_probs.view(A, K, V)).view(A, K * V)  # (A, K*V)
+            top, flat = candidates.topk(2 * K, dim=-1)  # (A, 2K), best first
+            beam, token = flat // V, flat % V  # (A, 2K): which beam each candidate extends, with which token
+            is_eos = token == cfg.eos_id  # (A, 2K)
+            for a, j in (is_eos[:, :K] & (top[:, :K] > float("-inf"))).nonzero().tolist():
+                if len(finished[live[a]]) < K:
+                    tokens = ys[a * K + beam[a, j].item(), 1:].tolist()
+                    finished[live[a]].append((top[a, j].item() / length_penalty(t, alpha), tokens))
+            searching = [a for a in range(A) if len(finished[live[a]]) < K]  # complete sentences leave the batch
+            if not searching:
+                break
+            going = torch.tensor(searching, device=src.device)  # (A',)
+            keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[going, :K]  # (A', K): best K without eos
+            rows = (going[:, None] * K + beam[going].gather(1, keep)).view(-1)  # (A'*K,)
+            new_tokens = token[going].gather(1, keep).view(-1, 1)  # (A'*K, 1)
+            ys = torch.cat([ys.index_select(0, rows), new_tokens], dim=1)  # (A'*K, t + 1)
             for layer_cache in cache:
                 layer_cache.reorder(rows)
-            complete = torch.tensor([len(f) == K for f in finished], device=src.device)  # (B,)
-            scores = top.gather(1, keep).masked_fill(complete[:, None], float("-inf"))  # (B, K)
-            if complete.all():
-                break
-    for b in range(B):  # out of budget: the open beams count as finished, without eos
+            if len(searching) < A:  # every row of a sentence reads the same memory: any of its rows will do
+                memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
+            scores = top[going].gather(1, keep)  # (A', K)
+            live = [live[a] for a in searching]
+    for a, b in enumerate(live):  # out of budget: the open beams count as finished, without eos
         if len(finished[b]) < K:
-            finished[b] += [(scores[b, k].item() / length_penalty(steps, alpha), ys[b * K + k, 1:].tolist())
-                            for k in range(K) if scores[b, k] > float("-inf")]
+            finished[b] += [(scores[a, k].item() / length_penalty(steps, alpha), ys[a * K + k, 1:].tolist())
+                            for k in range(K) if scores[a, k] > float("-inf")]
     if include_greedy:
         greedy = greedy_decode(model, src, steps)
         for b, score in enumerate(sequence_scores(model, src, greedy, alpha, steps).tolist()):

@@ -119,6 +119,7 @@ class TrainConfig:
     log_every: int = 50  # steps between metrics records
     checkpoint_every: int | None = None  # also checkpoint every this many steps (None: not by steps)
     checkpoint_minutes: float | None = 10.0  # also checkpoint when this many minutes passed since the last one
+    snapshot_minutes: float | None = None  # keep the weights every this many minutes (a learning curve's points)
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)
@@ -137,7 +138,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         for name in ["train_subset", "max_steps", "max_minutes", "clip_grad_norm", "lr_factor", "threads",
-                     "checkpoint_every", "checkpoint_minutes"]:
+                     "checkpoint_every", "checkpoint_minutes", "snapshot_minutes"]:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name}={value} must be positive" + ("" if name == "lr_factor" else " or None"))
@@ -679,6 +680,14 @@ class Trainer:
                     old.unlink()
         self.checkpoint()
 
+    def keep_snapshot(self) -> None:
+        """After each snapshot_minutes of training, keep the weights as snapshotNNN.pt, with the minutes and step."""
+        k = int(self.minutes() // self.config.snapshot_minutes)
+        path = self.out / f"snapshot{k:03d}.pt"
+        if k >= 1 and not path.exists():
+            save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "weights", "model": self.model.state_dict(),
+                             "epoch": self.epoch, "step": self.step, "minutes": self.minutes()}, path)
+
     def validate_end(self) -> None:
         """Validate where the run stopped, unless an epoch's end just did."""
         if not any(r["kind"] == "val" and r["step"] == self.step for r in self.history):
@@ -742,6 +751,8 @@ def _loop(run: Trainer, signalled: list[int]) -> None:
                 run.schedule.progress = decision["progress"]  # the rate of the next step depends on it
             run.schedule.step()
             run.sums += sums
+            if procs.main and config.snapshot_minutes is not None:
+                run.keep_snapshot()
             window_tokens += n_tokens
             bar.update()
             if run.step % config.log_every == 0:

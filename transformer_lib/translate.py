@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['clean_text', 'Translator', 'bleu', 'evaluate', 'preset_of', 'device_description', 'evaluate_checkpoint',
-           'cross_attention', 'alignment', 'word_start_labels', 'plot_alignment', 'split_words', 'unsupported_words']
+           'learning_curve', 'cross_attention', 'alignment', 'word_start_labels', 'plot_alignment', 'split_words',
+           'unsupported_words']
 
 # %% ../book/13_translator.ipynb #2c8c2d2c
 import json
@@ -26,7 +27,7 @@ from .data import load_multi30k
 from .decoding import beam_search, evaluating, greedy_decode, output_budget
 from .model import Transformer
 from .tokenizer import BPETokenizer
-from .training import PRESETS, CheckpointError, load_model, resolve_device
+from .training import PRESETS, CheckpointError, load_checkpoint, load_model, resolve_device
 
 # %% ../book/13_translator.ipynb #3746ffc3
 def clean_text(text: str) -> str:
@@ -75,8 +76,11 @@ class Translator:
         return [x[:limit] + [eos] for x in ids], cut
 
     def translate(self, sentences: Sequence[str], beam_size: int = 4, batch_size: int = 64,
-                  max_len: int | None = None, progress: bool = False) -> list[str]:
-        """Translate sentences (one output per input, empty for empty); beam_size=1 is greedy decoding."""
+                  max_len: int | None = None, progress: bool = False, alpha: float = 0.6) -> list[str]:
+        """Translate sentences (one output per input, empty for empty); beam_size=1 is greedy decoding.
+
+        alpha is the beam's length penalty (chapter 12); greedy decoding has none.
+        """
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences; wrap a single sentence in a list")
         if beam_size < 1 or batch_size < 1:
@@ -99,7 +103,7 @@ class Translator:
                 if beam_size == 1:
                     hyps = greedy_decode(self.model, src, max_len)
                 else:
-                    hyps = beam_search(self.model, src, beam_size, max_len=max_len)
+                    hyps = beam_search(self.model, src, beam_size, alpha, max_len=max_len)
                 for k, hyp in zip(chunk, hyps):
                     outputs[todo[k]] = self.tokenizer.decode(hyp)
                 bar.update(len(chunk))
@@ -120,16 +124,16 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]
 
 # %% ../book/13_translator.ipynb #12daab3a
 def evaluate(translator: Translator, pairs: Sequence[tuple[str, str]], beam_size: int = 4,
-             batch_size: int = 64, progress: bool = False) -> dict[str, Any]:
+             batch_size: int = 64, progress: bool = False, alpha: float = 0.6) -> dict[str, Any]:
     """Translate the sources of (source, reference) pairs and score them: bleu()'s fields, the hypotheses."""
-    hypotheses = translator.translate([s for s, _ in pairs], beam_size, batch_size, progress=progress)
+    hypotheses = translator.translate([s for s, _ in pairs], beam_size, batch_size, progress=progress, alpha=alpha)
     return {**bleu(hypotheses, [r for _, r in pairs]), "hypotheses": hypotheses}
 
 # %% ../book/13_translator.ipynb #4bd2a6df
 def preset_of(train_config: dict[str, Any]) -> str:
     """The name of the preset a run's TrainConfig dict was made from, or "custom" if it matches none."""
     for name, fields in PRESETS.items():
-        if all(train_config.get(k) == v for k, v in fields.items() if k not in ("max_minutes", "epochs")):
+        if all(train_config.get(k) == v for k, v in fields.items() if k not in ("max_minutes", "epochs", "snapshot_minutes")):
             return name
     return "custom"
 
@@ -143,20 +147,25 @@ def device_description(device: str) -> str:
     return device
 
 
+def _directed(pairs: Sequence[tuple[str, str]], train_config: dict[str, Any]) -> list[tuple[str, str]]:
+    """Multi30k's (German, English) pairs as (source, target) in the direction the run was trained."""
+    reverse = train_config.get("direction", "de-en") == "en-de"
+    return [(b, a) if reverse else (a, b) for a, b in pairs]
+
+
 def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2016"), beam_size: int = 4,
                         batch_size: int = 64, device: str = "auto", data_dir: str | Path | None = None,
-                        command: str | None = None, progress: bool = False) -> dict[str, Any]:
+                        command: str | None = None, progress: bool = False, alpha: float = 0.6) -> dict[str, Any]:
     """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of results/*.json."""
     translator = Translator.from_checkpoint(path, device)
     train_config = translator.info.get("train_config", {})
     history = translator.info.get("history", [])
     setup = next((r for r in history if r.get("kind") == "setup"), {})
-    reverse = train_config.get("direction", "de-en") == "en-de"
     scores = {}
     for split in splits:
         pairs = load_multi30k(split, data_dir)
-        scores[split] = evaluate(translator, [(b, a) if reverse else (a, b) for a, b in pairs], beam_size,
-                                 batch_size, progress)
+        scores[split] = evaluate(translator, _directed(pairs, train_config), beam_size, batch_size, progress,
+                                 alpha)
     return {
         "preset": preset_of(train_config),
         "command": command,
@@ -165,11 +174,36 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
         "train_minutes": round(max((r.get("minutes", 0.0) for r in history), default=0.0), 1),
         "steps": translator.info.get("step"),
         "parameters": sum(p.numel() for p in translator.model.parameters()),
-        "decoding": {"beam_size": beam_size, "alpha": 0.6 if beam_size > 1 else None},
+        "decoding": {"beam_size": beam_size, "alpha": alpha if beam_size > 1 else None},
         "bleu": {split: {"cased": s["cased"], "lowercase": s["lowercase"]} for split, s in scores.items()},
         "signature": next(iter(scores.values()))["signature"] if scores else None,
         "date": date.today().isoformat(),
     }
+
+
+def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, alpha: float = 0.6,
+                   batch_size: int = 64, device: str = "auto", data_dir: str | Path | None = None,
+                   progress: bool = False) -> list[dict[str, Any]]:
+    """BLEU on a split of each snapshot a run kept (snapshot_minutes) and of its model.pt, by training minutes."""
+    run_dir = Path(run_dir)
+    translator = Translator.from_checkpoint(run_dir / "model.pt", device)
+    final = {k: v.clone() for k, v in translator.model.state_dict().items()}
+    history = translator.info.get("history", [])
+    pairs = _directed(load_multi30k(split, data_dir), translator.info.get("train_config", {}))
+    points = []
+    for path in [*sorted(run_dir.glob("snapshot[0-9][0-9][0-9].pt")), None]:  # None: model.pt, the end
+        if path is None:
+            weights, step = final, translator.info.get("step")
+            minutes = max((r.get("minutes", 0.0) for r in history), default=0.0)
+        else:
+            snapshot = load_checkpoint(path)
+            weights, minutes, step = snapshot["model"], snapshot["minutes"], snapshot["step"]
+        translator.model.load_state_dict(weights)
+        scores = evaluate(translator, pairs, beam_size, batch_size, progress, alpha)
+        points.append({"minutes": round(minutes, 1), "step": step, "final": path is None,
+                       "cased": scores["cased"], "lowercase": scores["lowercase"]})
+    translator.model.load_state_dict(final)
+    return points
 
 # %% ../book/13_translator.ipynb #9d73aadc
 def cross_attention(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,68 @@
+"""Write the results/*.json record of a finished training run: BLEU (beam and greedy) on val and test2016, the facts of
+the run, its validation-loss trail and, with --curve, val BLEU of every snapshot it kept (the learning curve).
+
+Usage:
+  python tools/record_run.py RUN_DIR results/NAME.json --command "transformer-lib train ..." [--beam 4]
+      [--alpha 0.6] [--curve] [--notes "..."]
+
+Choose --beam and --alpha on val first (--val-only prints val BLEU for each pair of a grid and writes nothing):
+  python tools/record_run.py RUN_DIR --val-only --beam 4 6 --alpha 0.6 1.0
+"""
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from transformer_lib.data import load_multi30k
+from transformer_lib.translate import Translator, evaluate, evaluate_checkpoint, learning_curve
+
+CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout", "vocab_size",
+                 "max_tokens", "lr_factor", "warmup", "cooldown", "label_smoothing", "average_last", "amp", "max_minutes")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("out", type=Path, nargs="?")
+    parser.add_argument("--command", default=None, help="the command that trained the run")
+    parser.add_argument("--beam", type=int, nargs="+", default=[4])
+    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6])
+    parser.add_argument("--curve", action="store_true", help="score every snapshotNNN.pt on val")
+    parser.add_argument("--val-only", action="store_true", help="print val BLEU for each --beam x --alpha")
+    parser.add_argument("--notes", default=None)
+    args = parser.parse_args()
+
+    if args.val_only:
+        translator = Translator.from_checkpoint(args.run_dir / "model.pt")
+        pairs = load_multi30k("val")
+        for beam in args.beam:
+            for alpha in args.alpha:
+                s = evaluate(translator, pairs, beam, alpha=alpha)
+                print(f"val beam {beam} alpha {alpha}: {s['cased']} cased, {s['lowercase']} lower-cased", flush=True)
+        return
+    if args.out is None or len(args.beam) != 1 or len(args.alpha) != 1:
+        parser.error("give OUT and one --beam and --alpha (or --val-only)")
+    beam, alpha = args.beam[0], args.alpha[0]
+    record = evaluate_checkpoint(args.run_dir / "model.pt", beam_size=beam, alpha=alpha, command=args.command)
+    greedy = evaluate_checkpoint(args.run_dir / "model.pt", beam_size=1)
+    record["bleu_greedy"] = greedy["bleu"]
+    state = Translator.from_checkpoint(args.run_dir / "model.pt").info
+    history, config = state.get("history", []), state.get("train_config", {})
+    record["config"] = {k: config.get(k) for k in CONFIG_FIELDS}
+    speeds = [r["tokens_per_s"] for r in history if r.get("kind") == "train"][1:]  # the first window warms up
+    record["tokens_per_s"] = round(statistics.median(speeds)) if speeds else None
+    record["val_loss_curve"] = [[round(r["minutes"], 2), round(r["val_loss"], 4)] for r in history
+                                if r.get("kind") == "val"]
+    averaged = next((r for r in history if r.get("kind") == "averaged"), None)
+    record["checkpoint"] = ("model.pt (the last weights)" if averaged is None or not averaged["kept"] else
+                            f"model.pt (the average of the last {averaged['checkpoints']} epoch snapshots)")
+    if args.curve:
+        record["learning_curve"] = learning_curve(args.run_dir, "val", beam, alpha)
+    if args.notes:
+        record["notes"] = args.notes
+    args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({k: record[k] for k in ("steps", "train_minutes", "bleu", "bleu_greedy", "tokens_per_s")}))
+
+
+if __name__ == "__main__":
+    main()
