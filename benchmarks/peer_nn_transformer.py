@@ -128,7 +128,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default=None, help="write the results JSON here")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: half a minute, 2000 pairs, 100 scored")
     args = parser.parse_args()
+    if args.quick:
+        args.minutes, args.train_subset, args.eval_subset = 0.5, args.train_subset or 2000, args.eval_subset or 100
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
