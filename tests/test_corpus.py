@@ -13,7 +13,7 @@ from transformer_lib.training import CheckpointError, TrainConfig, load_checkpoi
 
 SMALL = dict(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.1, vocab_size=300,
              max_tokens=300, warmup=5, epochs=1, max_steps=3, log_every=1, average_last=1, seed=0, device="cpu",
-             max_minutes=None)
+             max_minutes=None, amp="off")
 ANIMALS = ["Hund", "Katze", "Pferd", "Vogel", "Fisch"]
 TIERE = ["dog", "cat", "horse", "bird", "fish"]
 

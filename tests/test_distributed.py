@@ -27,7 +27,7 @@ from transformer_lib.training import (
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0,
                 train_subset=300, max_tokens=400, warmup=20, epochs=5, max_steps=12, log_every=1,
-                average_last=1, seed=3, device="cpu", threads=1)
+                average_last=1, seed=3, device="cpu", threads=1, amp="off")
 
 # Run on every rank by torchrun: train with SETTINGS and argv's overrides; "fail" makes rank 1 fail at step 3.
 WORKER = textwrap.dedent(

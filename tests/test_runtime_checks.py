@@ -1,5 +1,6 @@
 """Settings this machine's PyTorch cannot run are refused before any work starts, with a clear message."""
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,17 @@ CPU = torch.device("cpu")
 
 def test_supported_settings_pass():
     check_runtime(CPU, "off")
-    check_runtime(CPU, "bf16")
+    check_runtime(CPU, "auto")
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch):
+    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: False)
+    with pytest.warns(UserWarning, match="this CPU has no bfloat16 instructions"):
+        check_runtime(CPU, "bf16")
+    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_runtime(CPU, "bf16")
 
 
 @pytest.mark.parametrize("amp, name", [("fp16", "fp16"), ("bf16", "bf16")])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_lib import training
 from transformer_lib.data import load_multi30k
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.training import (
@@ -21,13 +22,14 @@ from transformer_lib.training import (
     UnsupportedSetting,
     amp_for_capability,
     check_runtime,
+    resolve_amp,
     load_checkpoint,
     train,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1, train_subset=200,
-             max_tokens=400, warmup=10, epochs=3, log_every=1, average_last=1, seed=5, device="cpu")
+             max_tokens=400, warmup=10, epochs=3, log_every=1, average_last=1, seed=5, device="cpu", amp="off")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,17 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_auto_amp_on_the_cpu_is_bf16_only_with_bf16_instructions(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: True)
+    assert resolve_amp("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: False)
+    assert resolve_amp("auto", cpu) is None  # emulated bfloat16 would be many times slower than float32
+    assert resolve_amp("bf16", cpu) == torch.bfloat16  # asked for by name, it is what it says
+    assert TrainConfig.from_preset("tiny").amp == "off"  # the book's stored outputs: float32 on every CPU
+    assert TrainConfig.from_preset("cpu").amp == "auto"
 
 
 def test_auto_amp_from_the_device_capability():

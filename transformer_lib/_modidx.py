@@ -422,6 +422,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                       'transformer_lib/training.py'),
                                           'transformer_lib.training.corpus_tokenizer': ( 'training_at_scale.html#corpus_tokenizer',
                                                                                          'transformer_lib/training.py'),
+                                          'transformer_lib.training.cpu_has_native_bf16': ( 'training_at_scale.html#cpu_has_native_bf16',
+                                                                                            'transformer_lib/training.py'),
                                           'transformer_lib.training.evaluate': ( 'training_at_scale.html#evaluate',
                                                                                  'transformer_lib/training.py'),
                                           'transformer_lib.training.load_model': ( 'training_at_scale.html#load_model',
