@@ -14,25 +14,37 @@ def _load(name: str) -> dict:
     return json.loads((ROOT / "results" / name).read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def _check_curve(record: dict) -> None:
+    curve = record["learning_curve"]
+    minutes = [p["minutes"] for p in curve]
+    assert minutes == sorted(minutes) and [p["final"] for p in curve] == [False] * (len(curve) - 1) + [True]
+    assert curve[-1]["cased"] == record["bleu"]["val"]["cased"]  # the final point is model.pt, scored the same way
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.relative_to(ROOT / "results").as_posix() for p in FILES])
 def test_every_results_file_has_the_fields_of_a_run(path):
     record = json.loads(path.read_text(encoding="utf-8"))
     assert FIELDS <= set(record), FIELDS - set(record)
-    for split in ("val", "test2016"):
+    # an ablation informs a choice and is scored on val only: test2016 is measured once, for final runs
+    splits = ("val",) if path.parent.name == "ablations" else ("val", "test2016")
+    assert set(record["bleu"]) == set(splits)
+    for split in splits:
         assert 0 <= record["bleu"][split]["cased"] <= 100 and 0 <= record["bleu"][split]["lowercase"] <= 100
     assert record["command"] and record["steps"] > 0 and record["train_minutes"] > 0
     assert record["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    if "learning_curve" in record:
+        _check_curve(record)
 
 
-def test_the_cpu_run_has_its_learning_curve_and_the_30_minute_run_and_the_peer_are_there():
-    cpu, short, peer = _load("cpu.json"), _load("cpu_30min.json"), _load("peer_nn_transformer.json")
-    curve = cpu["learning_curve"]
-    minutes = [p["minutes"] for p in curve]
-    assert minutes == sorted(minutes) and len(curve) >= 6 and [p["final"] for p in curve] == [False] * (
-        len(curve) - 1) + [True]
-    assert curve[-1]["cased"] == cpu["bleu"]["val"]["cased"]  # the final point is model.pt, scored the same way
-    assert cpu["train_minutes"] == pytest.approx(60, abs=1) and short["train_minutes"] == pytest.approx(30, abs=1)
-    assert peer["train_minutes"] == pytest.approx(short["train_minutes"], abs=0.5)  # the peer had the same minutes
-    assert cpu["preset"] == short["preset"] == "cpu"
-    assert cpu["decoding"] == short["decoding"]  # both decoded as chosen on val
-    assert peer["decoding"]["beam_size"] == 1 and "bleu_greedy" in cpu and "bleu_greedy" in short
+def test_the_30_minute_run_has_its_learning_curve_and_the_peer_had_the_same_minutes():
+    short, peer = _load("cpu_30min.json"), _load("peer_nn_transformer.json")
+    assert short["preset"] == "cpu" and short["train_minutes"] == pytest.approx(30, abs=1)
+    assert len(short["learning_curve"]) >= 3 and "bleu_greedy" in short
+    assert peer["train_minutes"] == pytest.approx(short["train_minutes"], abs=0.5)
+    assert peer["decoding"]["beam_size"] == 1
+
+
+def test_the_60_minute_runs_are_there():
+    earlier, ablation = _load("earlier/cpu_v0.2.0.json"), _load("ablations/cpu_vocab4000_dropout0.2.json")
+    assert earlier["preset"] == "cpu" and earlier["train_minutes"] == pytest.approx(60, abs=1)
+    assert ablation["train_minutes"] == pytest.approx(60, abs=1) and len(ablation["learning_curve"]) >= 6

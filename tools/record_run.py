@@ -5,6 +5,9 @@ Usage:
   python tools/record_run.py RUN_DIR results/NAME.json --command "transformer-lib train ..." [--beam 4]
       [--alpha 0.6] [--curve] [--notes "..."]
 
+A run that only informs a choice (an ablation) is scored on val alone, so test2016 is measured once per final run:
+  python tools/record_run.py RUN_DIR results/ablations/NAME.json --splits val --command "..." [--curve]
+
 Choose --beam and --alpha on val first (--val-only prints val BLEU for each pair of a grid and writes nothing):
   python tools/record_run.py RUN_DIR --val-only --beam 4 6 --alpha 0.6 1.0
 """
@@ -29,6 +32,7 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, nargs="+", default=[0.6])
     parser.add_argument("--curve", action="store_true", help="score every snapshotNNN.pt on val")
     parser.add_argument("--val-only", action="store_true", help="print val BLEU for each --beam x --alpha")
+    parser.add_argument("--splits", nargs="+", default=["val", "test2016"], help="the splits to score")
     parser.add_argument("--notes", default=None)
     args = parser.parse_args()
 
@@ -43,8 +47,9 @@ def main() -> None:
     if args.out is None or len(args.beam) != 1 or len(args.alpha) != 1:
         parser.error("give OUT and one --beam and --alpha (or --val-only)")
     beam, alpha = args.beam[0], args.alpha[0]
-    record = evaluate_checkpoint(args.run_dir / "model.pt", beam_size=beam, alpha=alpha, command=args.command)
-    greedy = evaluate_checkpoint(args.run_dir / "model.pt", beam_size=1)
+    record = evaluate_checkpoint(args.run_dir / "model.pt", args.splits, beam_size=beam, alpha=alpha,
+                                 command=args.command)
+    greedy = evaluate_checkpoint(args.run_dir / "model.pt", args.splits, beam_size=1)
     record["bleu_greedy"] = greedy["bleu"]
     state = Translator.from_checkpoint(args.run_dir / "model.pt").info
     history, config = state.get("history", []), state.get("train_config", {})
