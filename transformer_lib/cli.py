@@ -91,8 +91,8 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
     """The options evaluate and translate share: --beam, --batch-size, --device."""
     p.add_argument("--beam", type=int, default=4, metavar="K",
                    help="beam size; 1 means greedy decoding (default: 4)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N",
-                   help="sentences decoded together (default: 64)")
+    p.add_argument("--batch-size", type=int, default=128, metavar="N",
+                   help="sentences decoded together (default: 128)")
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:1, ... (default: auto = cuda when available)")
 

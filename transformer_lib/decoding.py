@@ -150,10 +150,12 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
             rows = (going[:, None] * K + beam[going].gather(1, keep)).view(-1)  # (A'*K,)
             new_tokens = token[going].gather(1, keep).view(-1, 1)  # (A'*K, 1)
             ys = torch.cat([ys.index_select(0, rows), new_tokens], dim=1)  # (A'*K, t + 1)
-            for layer_cache in cache:
-                layer_cache.reorder(rows)
+            for layer_cache in cache:  # the prefixes' keys and values follow their beams
+                layer_cache.self_attn.reorder(rows)
             if len(searching) < A:  # every row of a sentence reads the same memory: any of its rows will do
                 memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
+                for layer_cache in cache:  # and the same keys and values of the memory
+                    layer_cache.cross_attn.reorder(rows)
             scores = top[going].gather(1, keep)  # (A', K)
             live = [live[a] for a in searching]
     for a, b in enumerate(live):  # out of budget: the open beams count as finished, without eos
