@@ -86,15 +86,15 @@ def test_each_precision_trains_and_resumes_to_identical_weights(tmp_path, tokeni
         check_runtime(torch.device("cpu"), amp)
     except UnsupportedSetting as err:
         pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
-    full = train(TrainConfig.from_preset("tiny", **SMALL, amp=amp, max_steps=8), tmp_path / "full", progress=False,
+    full = train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": amp}, max_steps=8), tmp_path / "full", progress=False,
                  tokenizer=tokenizer)
     losses = [r["loss"] for r in full.history if r["kind"] == "train"]
     assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
     scaler = load_checkpoint(tmp_path / "full" / "last.pt")["scaler"]
     assert bool(scaler) == (amp == "fp16")  # only float16 needs loss scaling
-    train(TrainConfig.from_preset("tiny", **SMALL, amp=amp, max_steps=5), tmp_path / "cut", progress=False,
+    train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": amp}, max_steps=5), tmp_path / "cut", progress=False,
           tokenizer=tokenizer)
-    train(TrainConfig.from_preset("tiny", **SMALL, amp=amp, max_steps=8), tmp_path / "cut", resume=True,
+    train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": amp}, max_steps=8), tmp_path / "cut", resume=True,
           progress=False)
     assert _same(_weights(tmp_path / "full" / "last.pt"), _weights(tmp_path / "cut" / "last.pt"))
 
@@ -107,9 +107,9 @@ def test_resume_with_another_precision(tmp_path, tokenizer):
             except UnsupportedSetting as err:
                 pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
         out = tmp_path / f"{first}-{then}"
-        train(TrainConfig.from_preset("tiny", **SMALL, amp=first, max_steps=3), out, progress=False,
+        train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": first}, max_steps=3), out, progress=False,
               tokenizer=tokenizer)
-        result = train(TrainConfig.from_preset("tiny", **SMALL, amp=then, max_steps=6), out, resume=True,
+        result = train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": then}, max_steps=6), out, resume=True,
                        progress=False)
         assert result.history[-1]["step"] == 6 and load_checkpoint(out / "last.pt")["step"] == 6
 
