@@ -22,8 +22,8 @@ from transformer_lib.training import (
     UnsupportedSetting,
     amp_for_capability,
     check_runtime,
-    resolve_amp,
     load_checkpoint,
+    resolve_amp,
     train,
 )
 
