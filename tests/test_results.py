@@ -6,8 +6,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "results").rglob("*.json"))
-FIELDS = {"preset", "command", "device", "torch_version", "train_minutes", "steps", "parameters", "decoding", "bleu",
-          "signature", "date"}
+FIELDS = {"preset", "command", "device", "precision", "torch_version", "train_minutes", "steps", "parameters", "decoding",
+          "bleu", "signature", "date"}
 
 
 def _load(name: str) -> dict:
@@ -32,19 +32,31 @@ def test_every_results_file_has_the_fields_of_a_run(path):
         assert 0 <= record["bleu"][split]["cased"] <= 100 and 0 <= record["bleu"][split]["lowercase"] <= 100
     assert record["command"] and record["steps"] > 0 and record["train_minutes"] > 0
     assert record["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert record["precision"] in ("float32", "bfloat16", "float16")
     if "learning_curve" in record:
         _check_curve(record)
 
 
-def test_the_30_minute_run_has_its_learning_curve_and_the_peer_had_the_same_minutes():
-    short, peer = _load("cpu_30min.json"), _load("peer_nn_transformer.json")
+def test_the_final_runs_of_the_cpu_preset_have_their_learning_curves_and_were_trained_on_one_machine():
+    hour, half = _load("cpu.json"), _load("cpu_30min.json")
+    assert hour["preset"] == half["preset"] == "cpu"
+    assert hour["train_minutes"] == pytest.approx(60, abs=1) and half["train_minutes"] == pytest.approx(30, abs=1)
+    assert len(hour["learning_curve"]) >= 6 and len(half["learning_curve"]) >= 3
+    assert "bleu_greedy" in hour and "bleu_greedy" in half
+    assert (hour["device"], hour["precision"]) == (half["device"], half["precision"])
+    assert hour["decoding"] == half["decoding"]
+
+
+def test_the_peer_had_the_minutes_and_the_machine_of_the_30_minute_run_beside_it():
+    short, peer = _load("float32/cpu_30min.json"), _load("float32/peer_nn_transformer.json")
     assert short["preset"] == "cpu" and short["train_minutes"] == pytest.approx(30, abs=1)
     assert len(short["learning_curve"]) >= 3 and "bleu_greedy" in short
     assert peer["train_minutes"] == pytest.approx(short["train_minutes"], abs=0.5)
+    assert (peer["device"], peer["precision"]) == (short["device"], short["precision"])
     assert peer["decoding"]["beam_size"] == 1
 
 
-def test_the_60_minute_runs_are_there():
+def test_the_earlier_release_and_the_ablation_ran_60_minutes():
     earlier, ablation = _load("earlier/cpu_v0.2.0.json"), _load("ablations/cpu_vocab4000_dropout0.2.json")
     assert earlier["preset"] == "cpu" and earlier["train_minutes"] == pytest.approx(60, abs=1)
     assert ablation["train_minutes"] == pytest.approx(60, abs=1) and len(ablation["learning_curve"]) >= 6

@@ -54,6 +54,9 @@ def main() -> None:
     state = Translator.from_checkpoint(args.run_dir / "model.pt").info
     history, config = state.get("history", []), state.get("train_config", {})
     record["config"] = {k: config.get(k) for k in CONFIG_FIELDS}
+    setup = next((r for r in history if r.get("kind") == "setup"), {})
+    amp = setup.get("amp")  # the autocast dtype amp="auto" chose on the machine; "None": none, float32
+    record["precision"] = "float32" if amp == "None" else amp
     speeds = [r["tokens_per_s"] for r in history if r.get("kind") == "train"][1:]  # the first window warms up
     record["tokens_per_s"] = round(statistics.median(speeds)) if speeds else None
     record["val_loss_curve"] = [[round(r["minutes"], 2), round(r["val_loss"], 4)] for r in history
