@@ -164,3 +164,23 @@ def test_train_device_option(tmp_path, capsys):
             == EXIT_USAGE
         assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --device: device=cuda: this "
                                                                            "PyTorch sees no CUDA device")
+
+
+def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys, monkeypatch):
+    """A rejected average is logged, but the loss printed is that of the last weights, which model.pt holds."""
+    import transformer_lib.cli as cli
+    from transformer_lib.training import TrainResult
+
+    def fake_train(config, out, **kwargs):
+        history = [{"kind": "val", "step": 10, "val_loss": 1.25, "minutes": 1.0},
+                   {"kind": "averaged", "step": 10, "val_loss": 1.5, "kept": False}]
+        if config.average_last == 2:  # here the average validated better and was kept
+            history[-1].update(val_loss=1.125, kept=True)
+        return TrainResult(None, None, history, out)
+
+    monkeypatch.setattr(cli, "train", fake_train)
+    for average_last, loss in ((5, "1.250"), (2, "1.125")):
+        args = ["train", "--preset", "tiny", "--set", f"average_last={average_last}", "--out",
+                str(tmp_path / f"r{average_last}"), "--quiet"]
+        assert main(args) == EXIT_OK
+        assert f"validation loss {loss};" in capsys.readouterr().out

@@ -237,7 +237,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise
     if not main_process:
         return EXIT_OK
-    last = result.history[-1]
+    kept = [r for r in result.history if r["kind"] == "val" or (r["kind"] == "averaged" and r["kept"])]
+    last = kept[-1]  # the model in model.pt: the average only when it validated better
     minutes = max(r.get("minutes", 0.0) for r in result.history)
     print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss {last['val_loss']:.3f}; "
           f"model in {out / 'model.pt'}")
