@@ -59,6 +59,12 @@ def until_eos(ids: list[int], eos_id: int) -> list[int]:
 def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
                   use_cache: bool = True) -> list[list[int]]:
     """Decode each sentence of src (B, S) by taking the most probable next token until its eos."""
+    return _greedy_with_log_probs(model, src, max_len, use_cache)[0]
+
+
+def _greedy_with_log_probs(model: Transformer, src: Tensor, max_len: int | None = None,
+                           use_cache: bool = True) -> tuple[list[list[int]], Tensor]:
+    """greedy_decode's outputs and log p(output + eos | x) (B,) of each, summed as the tokens are picked."""
     cfg = model.config
     steps = output_budget(model, src, max_len)
     with evaluating(model):
@@ -67,24 +73,29 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
         ys = src.new_full((src.size(0), 1), cfg.bos_id)  # (A, 1): the A sentences still decoding, A = B first
         live = list(range(src.size(0)))  # the sentence of each row of ys
         outputs: list[list[int]] = [[] for _ in live]
+        total = torch.zeros(src.size(0), device=src.device)  # (A,): log p of each row's tokens so far
+        log_p = torch.zeros(src.size(0), device=src.device)  # (B,): log p of each finished sentence
         for _ in range(steps):
             log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A, V)
-            token = log_probs.argmax(dim=-1)  # (A,)
+            best, token = log_probs.max(dim=-1)  # (A,), (A,)
+            total = total + best  # (A,)
             ys = torch.cat([ys, token[:, None]], dim=1)  # (A, t + 1)
             ended = token == cfg.eos_id  # (A,)
             if ended.any():  # a finished sentence leaves the batch: no more work on it
                 for a in ended.nonzero()[:, 0].tolist():
                     outputs[live[a]] = ys[a, 1:-1].tolist()
+                    log_p[live[a]] = total[a]
                 going = (~ended).nonzero()[:, 0]  # (A',)
                 live = [live[a] for a in going.tolist()]
                 if not live:
                     break
-                ys, memory, src_mask = ys[going], memory[going], src_mask[going]  # (A', ...)
+                ys, memory, src_mask, total = ys[going], memory[going], src_mask[going], total[going]  # (A', ...)
                 for layer_cache in cache or []:
                     layer_cache.reorder(going)
         for a, b in enumerate(live):  # out of budget: the tokens so far, without eos
             outputs[b] = ys[a, 1:].tolist()
-    return outputs
+            log_p[b] = total[a]
+    return outputs, log_p
 
 # %% ../book/12_decoding.ipynb #17924e80
 def length_penalty(length: int | Tensor, alpha: float = 0.6) -> float | Tensor:
@@ -163,9 +174,9 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
             finished[b] += [(scores[a, k].item() / length_penalty(steps, alpha), ys[a * K + k, 1:].tolist())
                             for k in range(K) if scores[a, k] > float("-inf")]
     if include_greedy:
-        greedy = greedy_decode(model, src, steps)
-        for b, score in enumerate(sequence_scores(model, src, greedy, alpha, steps).tolist()):
-            finished[b].append((score, greedy[b]))
+        greedy, log_p = _greedy_with_log_probs(model, src, steps)  # scored as it decodes: no second pass
+        for b, (hyp, total) in enumerate(zip(greedy, log_p.tolist())):
+            finished[b].append((total / length_penalty(len(hyp) + (len(hyp) < steps), alpha), hyp))
     return [max(f, key=lambda scored: scored[0])[1] for f in finished]
 
 # %% ../book/12_decoding.ipynb #69f2f63e
