@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from transformer_lib.decoding import (
+    _greedy_with_log_probs,
     beam_search,
     evaluating,
     greedy_decode,
@@ -225,6 +226,16 @@ def test_sequence_scores_is_the_length_normalised_log_probability():
     expected = [log_probs[0, [0, 1, 2], [7, 8, 2]].sum() / length_penalty(3, 0.6),
                 log_probs[1, [0, 1, 2, 3], [9, 10, 11, 2]].sum() / length_penalty(4, 0.6)]
     torch.testing.assert_close(sequence_scores(model, src, hyps, 0.6, max_len=10), torch.stack(expected))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(0, 2), st.sampled_from([0.0, 3.0]), st.integers(0, 10_000), st.integers(1, 5), st.integers(1, 12))
+def test_greedy_scores_its_hypotheses_as_teacher_forcing_does(m, eos_bias, seed, batch, max_len):
+    """The log p that greedy decoding sums as it goes (with <eos> when it ended) is sequence_scores' at alpha 0."""
+    model, src = eos_model(m, eos_bias), random_sources(seed, batch, 6)
+    hyps, log_p = _greedy_with_log_probs(model, src, max_len)
+    assert hyps == greedy_decode(model, src, max_len)
+    assert torch.allclose(log_p, sequence_scores(model, src, hyps, alpha=0.0, max_len=max_len), atol=1e-4)
 
 
 def test_length_penalty_is_gnmt():
