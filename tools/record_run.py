@@ -8,6 +8,8 @@ Usage:
 A run that only informs a choice (an ablation) is scored on val alone, so test2016 is measured once per final run:
   python tools/record_run.py RUN_DIR results/ablations/NAME.json --splits val --command "..." [--curve]
 
+A run stopped before its end has no model.pt: --model last.pt scores its last checkpoint instead.
+
 Choose --beam and --alpha on val first (--val-only prints val BLEU for each pair of a grid and writes nothing):
   python tools/record_run.py RUN_DIR --val-only --beam 4 6 --alpha 0.6 1.0
 """
@@ -34,10 +36,11 @@ def main() -> None:
     parser.add_argument("--val-only", action="store_true", help="print val BLEU for each --beam x --alpha")
     parser.add_argument("--splits", nargs="+", default=["val", "test2016"], help="the splits to score")
     parser.add_argument("--notes", default=None)
+    parser.add_argument("--model", default="model.pt", help="the checkpoint to score (last.pt: a stopped run)")
     args = parser.parse_args()
 
     if args.val_only:
-        translator = Translator.from_checkpoint(args.run_dir / "model.pt")
+        translator = Translator.from_checkpoint(args.run_dir / args.model)
         pairs = load_multi30k("val")
         for beam in args.beam:
             for alpha in args.alpha:
@@ -47,11 +50,11 @@ def main() -> None:
     if args.out is None or len(args.beam) != 1 or len(args.alpha) != 1:
         parser.error("give OUT and one --beam and --alpha (or --val-only)")
     beam, alpha = args.beam[0], args.alpha[0]
-    record = evaluate_checkpoint(args.run_dir / "model.pt", args.splits, beam_size=beam, alpha=alpha,
+    record = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=beam, alpha=alpha,
                                  command=args.command)
-    greedy = evaluate_checkpoint(args.run_dir / "model.pt", args.splits, beam_size=1)
+    greedy = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=1)
     record["bleu_greedy"] = greedy["bleu"]
-    state = Translator.from_checkpoint(args.run_dir / "model.pt").info
+    state = Translator.from_checkpoint(args.run_dir / args.model).info
     history, config = state.get("history", []), state.get("train_config", {})
     record["config"] = {k: config.get(k) for k in CONFIG_FIELDS}
     setup = next((r for r in history if r.get("kind") == "setup"), {})
@@ -64,6 +67,8 @@ def main() -> None:
     averaged = next((r for r in history if r.get("kind") == "averaged"), None)
     record["checkpoint"] = ("model.pt (the last weights)" if averaged is None or not averaged["kept"] else
                             f"model.pt (the average of the last {averaged['checkpoints']} epoch snapshots)")
+    if args.model != "model.pt":
+        record["checkpoint"] = f"{args.model} (the run stopped before its end, at step {record['steps']})"
     if args.curve:
         record["learning_curve"] = learning_curve(args.run_dir, "val", beam, alpha)
     if args.notes:

@@ -59,12 +59,6 @@ def until_eos(ids: list[int], eos_id: int) -> list[int]:
 def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
                   use_cache: bool = True) -> list[list[int]]:
     """Decode each sentence of src (B, S) by taking the most probable next token until its eos."""
-    return _greedy_with_log_probs(model, src, max_len, use_cache)[0]
-
-
-def _greedy_with_log_probs(model: Transformer, src: Tensor, max_len: int | None = None,
-                           use_cache: bool = True) -> tuple[list[list[int]], Tensor]:
-    """greedy_decode's outputs and log p(output + eos | x) (B,) of each, summed as the tokens are picked."""
     cfg = model.config
     steps = output_budget(model, src, max_len)
     with evaluating(model):
@@ -73,29 +67,24 @@ def _greedy_with_log_probs(model: Transformer, src: Tensor, max_len: int | None 
         ys = src.new_full((src.size(0), 1), cfg.bos_id)  # (A, 1): the A sentences still decoding, A = B first
         live = list(range(src.size(0)))  # the sentence of each row of ys
         outputs: list[list[int]] = [[] for _ in live]
-        total = torch.zeros(src.size(0), device=src.device)  # (A,): log p of each row's tokens so far
-        log_p = torch.zeros(src.size(0), device=src.device)  # (B,): log p of each finished sentence
         for _ in range(steps):
             log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A, V)
-            best, token = log_probs.max(dim=-1)  # (A,), (A,)
-            total = total + best  # (A,)
+            token = log_probs.argmax(dim=-1)  # (A,)
             ys = torch.cat([ys, token[:, None]], dim=1)  # (A, t + 1)
             ended = token == cfg.eos_id  # (A,)
             if ended.any():  # a finished sentence leaves the batch: no more work on it
                 for a in ended.nonzero()[:, 0].tolist():
                     outputs[live[a]] = ys[a, 1:-1].tolist()
-                    log_p[live[a]] = total[a]
                 going = (~ended).nonzero()[:, 0]  # (A',)
                 live = [live[a] for a in going.tolist()]
                 if not live:
                     break
-                ys, memory, src_mask, total = ys[going], memory[going], src_mask[going], total[going]  # (A', ...)
+                ys, memory, src_mask = ys[going], memory[going], src_mask[going]  # (A', ...)
                 for layer_cache in cache or []:
                     layer_cache.reorder(going)
         for a, b in enumerate(live):  # out of budget: the tokens so far, without eos
             outputs[b] = ys[a, 1:].tolist()
-            log_p[b] = total[a]
-    return outputs, log_p
+    return outputs
 
 # %% ../book/12_decoding.ipynb #17924e80
 def length_penalty(length: int | Tensor, alpha: float = 0.6) -> float | Tensor:
@@ -132,20 +121,24 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
     B, K = src.size(0), beam_size
     steps = output_budget(model, src, max_len)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # (score, tokens) per sentence
+    greedy: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # greedy's (score, tokens)
     with evaluating(model):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
         memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D): row b*K + k is beam k of sentence b
         src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
         cache = model.new_cache()
-        ys = src.new_full((B * K, 1), cfg.bos_id)  # (A*K, 1): the A sentences still searching, A = B first
-        live = list(range(B))  # the sentence of each group of K rows
+        ys = src.new_full((B * K, 1), cfg.bos_id)  # (A*K + E, 1): A sentences searching, E extra greedy rows
+        live = list(range(B))  # the sentence of each group of K beam rows
         scores = torch.full((B, K), float("-inf"), device=src.device)  # (A, K): log p of each beam's prefix
         scores[:, 0] = 0.0  # one live beam to start with
+        greedy_live = list(range(B)) if include_greedy else []  # the sentences whose greedy decode goes on
+        greedy_row = torch.arange(len(greedy_live), device=src.device) * K  # (G,): the row of greedy's prefix
+        greedy_scores = torch.zeros(len(greedy_live), device=src.device)  # (G,): log p of greedy's prefix
         for t in range(1, steps + 1):
-            A = len(live)
-            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A*K, V)
+            A, G = len(live), len(greedy_live)
+            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A*K + E, V)
             V = log_probs.size(-1)
-            candidates = (scores[:, :, None] + log_probs.view(A, K, V)).view(A, K * V)  # (A, K*V)
+            candidates = (scores[:, :, None] + log_probs[: A * K].view(A, K, V)).view(A, K * V)  # (A, K*V)
             top, flat = candidates.topk(2 * K, dim=-1)  # (A, 2K), best first
             beam, token = flat // V, flat % V  # (A, 2K): which beam each candidate extends, with which token
             is_eos = token == cfg.eos_id  # (A, 2K)
@@ -154,30 +147,49 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
                     tokens = ys[a * K + beam[a, j].item(), 1:].tolist()
                     finished[live[a]].append((top[a, j].item() / length_penalty(t, alpha), tokens))
             searching = [a for a in range(A) if len(finished[live[a]]) < K]  # complete sentences leave the batch
-            if not searching:
-                break
-            going = torch.tensor(searching, device=src.device)  # (A',)
+            going = torch.tensor(searching, dtype=torch.long, device=src.device)  # (A',)
             keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[going, :K]  # (A', K): best K without eos
-            rows = (going[:, None] * K + beam[going].gather(1, keep)).view(-1)  # (A'*K,)
-            new_tokens = token[going].gather(1, keep).view(-1, 1)  # (A'*K, 1)
-            ys = torch.cat([ys.index_select(0, rows), new_tokens], dim=1)  # (A'*K, t + 1)
-            for layer_cache in cache:  # the prefixes' keys and values follow their beams
+            rows = (going[:, None] * K + beam[going].gather(1, keep)).view(-1)  # (A'*K,): the rows they extend
+            new_tokens = token[going].gather(1, keep).view(-1)  # (A'*K,)
+            scores = top[going].gather(1, keep)  # (A', K)
+            live = [live[a] for a in searching]
+            # greedy decoding takes the best token of its prefix's row and stops at its eos
+            best, greedy_token = log_probs[greedy_row].max(dim=-1)  # (G,), (G,)
+            greedy_scores = greedy_scores + best  # (G,)
+            ended = greedy_token == cfg.eos_id  # (G,)
+            for g in ended.nonzero()[:, 0].tolist():
+                tokens = ys[greedy_row[g], 1:].tolist()
+                greedy[greedy_live[g]].append((greedy_scores[g].item() / length_penalty(t, alpha), tokens))
+            on = (~ended).nonzero()[:, 0]  # (G',)
+            prev_row, prev_token = greedy_row[on], greedy_token[on]  # (G',), (G',)
+            greedy_live, greedy_scores = [greedy_live[g] for g in on.tolist()], greedy_scores[on]  # G'
+            # greedy's new prefix is usually a beam's too: it rides on that beam's row, or gets one of its own
+            same = (rows[None, :] == prev_row[:, None]) & (new_tokens[None, :] == prev_token[:, None])  # (G', R)
+            greedy_row = torch.empty_like(prev_row)  # (G',)
+            rider, ridden = same.nonzero(as_tuple=True)  # beams hold distinct prefixes: at most one match each
+            greedy_row[rider] = ridden
+            own = (~same.any(dim=1)).nonzero()[:, 0]  # (E',): the greedy decodes off every beam
+            greedy_row[own] = rows.numel() + torch.arange(own.numel(), device=src.device)
+            regrouped = len(live) < A or bool(ended.any()) or own.numel() != ys.size(0) - A * K
+            rows = torch.cat([rows, prev_row[own]])  # (A'*K + E',): the row that each new row extends
+            new_tokens = torch.cat([new_tokens, prev_token[own]])  # (A'*K + E',)
+            if not live and not greedy_live:
+                break
+            ys = torch.cat([ys.index_select(0, rows), new_tokens[:, None]], dim=1)  # (A'*K + E', t + 1)
+            for layer_cache in cache:  # the prefixes' keys and values follow their rows
                 layer_cache.self_attn.reorder(rows)
-            if len(searching) < A:  # every row of a sentence reads the same memory: any of its rows will do
+            if regrouped:  # rows changed sentence; within a sentence every row reads the same memory
                 memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
                 for layer_cache in cache:  # and the same keys and values of the memory
                     layer_cache.cross_attn.reorder(rows)
-            scores = top[going].gather(1, keep)  # (A', K)
-            live = [live[a] for a in searching]
     for a, b in enumerate(live):  # out of budget: the open beams count as finished, without eos
         if len(finished[b]) < K:
             finished[b] += [(scores[a, k].item() / length_penalty(steps, alpha), ys[a * K + k, 1:].tolist())
                             for k in range(K) if scores[a, k] > float("-inf")]
-    if include_greedy:
-        greedy, log_p = _greedy_with_log_probs(model, src, steps)  # scored as it decodes: no second pass
-        for b, (hyp, total) in enumerate(zip(greedy, log_p.tolist())):
-            finished[b].append((total / length_penalty(len(hyp) + (len(hyp) < steps), alpha), hyp))
-    return [max(f, key=lambda scored: scored[0])[1] for f in finished]
+    for g, b in enumerate(greedy_live):  # and so does a greedy decode still going
+        tokens = ys[greedy_row[g], 1:].tolist()
+        greedy[b].append((greedy_scores[g].item() / length_penalty(steps, alpha), tokens))
+    return [max(f + g, key=lambda scored: scored[0])[1] for f, g in zip(finished, greedy)]
 
 # %% ../book/12_decoding.ipynb #69f2f63e
 def sample(model: Transformer, src: Tensor, temperature: float = 1.0, top_k: int | None = None,
