@@ -154,6 +154,8 @@ def test_base_model_parameter_count():
         (dict(d_ff=-1), "d_ff"),
         (dict(dropout=1.0), "dropout"),
         (dict(dropout=-0.1), "dropout"),
+        (dict(attention_dropout=1.0), "attention_dropout"),
+        (dict(ffn_dropout=-0.5), "ffn_dropout"),
         (dict(max_len=0), "max_len"),
         (dict(norm_first="yes"), "norm_first"),
         (dict(tie_embeddings=1), "tie_embeddings"),
@@ -295,6 +297,39 @@ def test_decode_checks_offset():
 def test_dropout_only_in_training():
     torch.manual_seed(0)
     model = Transformer(small_config(dropout=0.3))
+    src, tgt = torch.tensor([[3, 4, 5]]), torch.tensor([[1, 6, 7]])
+    model.train()
+    assert not torch.equal(model(src, tgt), model(src, tgt))
+    model.eval()
+    assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+def dropout_rates(model: Transformer) -> dict[str, set[float]]:
+    """The dropout rates of a model by where they act: residual (and embeddings), attention weights, FFN hidden units."""
+    rates: dict[str, set[float]] = {"residual": set(), "attention": set(), "ffn": set()}
+    for name, module in model.named_modules():
+        if type(module).__name__ == "MultiHeadAttention":
+            rates["attention"].add(module.dropout)
+        elif isinstance(module, nn.Dropout):
+            rates["ffn" if name.endswith("ffn.dropout") else "residual"].add(module.p)
+    return rates
+
+
+def test_attention_and_ffn_dropout_default_to_dropout_and_can_be_set_apart():
+    same = Transformer(small_config(dropout=0.2))
+    assert same.config.attention_dropout == same.config.ffn_dropout == 0.2
+    assert dropout_rates(same) == {"residual": {0.2}, "attention": {0.2}, "ffn": {0.2}}
+    apart = Transformer(small_config(dropout=0.2, attention_dropout=0.0, ffn_dropout=0.05))
+    assert dropout_rates(apart) == {"residual": {0.2}, "attention": {0.0}, "ffn": {0.05}}
+    # a checkpoint written before the two fields existed still loads, with the rates it was trained with
+    old = {k: v for k, v in same.config.to_dict().items() if k not in ("attention_dropout", "ffn_dropout")}
+    assert TransformerConfig.from_dict(old) == same.config
+    assert TransformerConfig.from_dict(apart.config.to_dict()) == apart.config
+
+
+def test_residual_dropout_alone_is_random_in_training_only():
+    torch.manual_seed(0)
+    model = Transformer(small_config(dropout=0.3, attention_dropout=0.0, ffn_dropout=0.0))
     src, tgt = torch.tensor([[3, 4, 5]]), torch.tensor([[1, 6, 7]])
     model.train()
     assert not torch.equal(model(src, tgt), model(src, tgt))

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer_lib.model import Transformer
+from transformer_lib.model import Transformer, TransformerConfig
+from transformer_lib.recipe import batch_loss
 from transformer_lib.training import (
     PRESETS,
     CheckpointError,
@@ -31,6 +33,7 @@ from transformer_lib.training import (
     parse_overrides,
     save_checkpoint,
     token_batches,
+    _training_attention,
     train,
 )
 
@@ -232,6 +235,30 @@ def test_presets_and_overrides():
             parse_overrides([bad])
     with pytest.raises(ValueError, match="n_heads"):
         TrainConfig(d_model=100, n_heads=3)
+    apart = TrainConfig.from_preset("tiny", **parse_overrides(["attention_dropout=0", "ffn_dropout=none"]))
+    model_config = apart.model_config(100)
+    assert (model_config.dropout, model_config.attention_dropout, model_config.ffn_dropout) == (0.1, 0.0, 0.1)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        TrainConfig(attention_dropout=1.5)
+
+
+def test_training_attention_kernel_gives_the_same_loss_and_gradients():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=40, d_model=32, n_heads=4, n_encoder_layers=1,
+                                          n_decoder_layers=1, d_ff=64, dropout=0.0))
+    batch = make_batch([[5, 6, 7, 8], [9, 10]], [[11, 12], [13, 14, 15, 16, 17]])
+    criterion = LabelSmoothingLoss(40, 0, 0.1, reduction="sum")
+    results = []
+    for context in (nullcontext(), _training_attention(torch.device("cpu"))):
+        model.zero_grad()
+        with context:
+            loss, _ = batch_loss(model, batch, criterion)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------- checkpoints

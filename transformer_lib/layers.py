@@ -72,6 +72,11 @@ def _check_torch_layer(layer: nn.Module) -> None:
         raise ValueError("from_torch needs bias=True: the paper's layers have biases")
 
 
+def _or(rate: float | None, default: float) -> float:
+    """rate, or default when rate is None."""
+    return default if rate is None else rate
+
+
 def _copy_norm(ours: nn.LayerNorm, theirs: nn.LayerNorm) -> None:
     """Copy a LayerNorm's weight, bias and eps."""
     ours.load_state_dict(theirs.state_dict())
@@ -81,10 +86,12 @@ def _copy_norm(ours: nn.LayerNorm, theirs: nn.LayerNorm) -> None:
 class EncoderLayer(nn.Module):
     """Encoder layer (Sec. 3.1, Figure 1 left): self-attention then feed-forward, each in a SublayerConnection."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
+                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff, dropout)
+        # dropout acts on each sub-layer's output (Sec. 5.4); the other two inside them (None: as dropout)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, _or(attention_dropout, dropout))
+        self.ffn = PositionwiseFeedForward(d_model, d_ff, _or(ffn_dropout, dropout))
         self.sublayers = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first) for _ in range(2))
         self.keep_weights = False
         self.self_attn_weights: torch.Tensor | None = None  # (B, H, S, S) after a call with keep_weights
@@ -118,9 +125,11 @@ class Encoder(nn.Module):
     """The encoder (Sec. 3.1): N encoder layers that share no weights, and an optional final LayerNorm."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, dropout: float = 0.1,
-                 norm_first: bool = False, final_norm: bool | None = None):
+                 norm_first: bool = False, final_norm: bool | None = None, attention_dropout: float | None = None,
+                 ffn_dropout: float | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers))
+        self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first, attention_dropout,
+                                                 ffn_dropout) for _ in range(n_layers))
         final_norm = norm_first if final_norm is None else final_norm
         self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
@@ -165,11 +174,12 @@ class LayerCache:
 class DecoderLayer(nn.Module):
     """Decoder layer (Sec. 3.1, Figure 1 right): masked self-attention, cross-attention, feed-forward."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
+                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff, dropout)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, _or(attention_dropout, dropout))
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, _or(attention_dropout, dropout))
+        self.ffn = PositionwiseFeedForward(d_model, d_ff, _or(ffn_dropout, dropout))
         self.sublayers = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first) for _ in range(3))
         self.keep_weights = False
         self.self_attn_weights: torch.Tensor | None = None  # (B, H, T, T) after a call with keep_weights
@@ -221,9 +231,11 @@ class Decoder(nn.Module):
     """The decoder (Sec. 3.1): N decoder layers that share no weights, and an optional final LayerNorm."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, dropout: float = 0.1,
-                 norm_first: bool = False, final_norm: bool | None = None):
+                 norm_first: bool = False, final_norm: bool | None = None, attention_dropout: float | None = None,
+                 ffn_dropout: float | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers))
+        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first, attention_dropout,
+                                                 ffn_dropout) for _ in range(n_layers))
         final_norm = norm_first if final_norm is None else final_norm
         self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 

@@ -28,7 +28,9 @@ class TransformerConfig:
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
     d_ff: int = 2048
-    dropout: float = 0.1
+    dropout: float = 0.1  # on each sub-layer's output and on the embedding sums (Sec. 5.4)
+    attention_dropout: float | None = None  # on the attention weights; None: the same as dropout
+    ffn_dropout: float | None = None  # on the feed-forward network's hidden units; None: the same as dropout
     max_len: int = 512
     norm_first: bool = False
     final_norm: bool | None = None  # None: the same as norm_first
@@ -40,6 +42,10 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         if self.final_norm is None:
             self.final_norm = self.norm_first
+        if self.attention_dropout is None:
+            self.attention_dropout = self.dropout
+        if self.ffn_dropout is None:
+            self.ffn_dropout = self.dropout
         for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "max_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -48,8 +54,9 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.d_model % 2:
             raise ValueError(f"TransformerConfig.d_model={self.d_model} must be even for the sinusoidal encoding")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "attention_dropout", "ffn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
         for name in ("norm_first", "final_norm", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}")
@@ -101,8 +108,10 @@ class Transformer(nn.Module):
         self.src_embed = TokenEmbedding(c.vocab_size, c.d_model)
         self.tgt_embed = TokenEmbedding(c.vocab_size, c.d_model)
         self.positional = SinusoidalPositionalEncoding(c.d_model, c.max_len, c.dropout)
-        self.encoder = Encoder(c.d_model, c.n_heads, c.d_ff, c.n_encoder_layers, c.dropout, c.norm_first, c.final_norm)
-        self.decoder = Decoder(c.d_model, c.n_heads, c.d_ff, c.n_decoder_layers, c.dropout, c.norm_first, c.final_norm)
+        self.encoder = Encoder(c.d_model, c.n_heads, c.d_ff, c.n_encoder_layers, c.dropout, c.norm_first, c.final_norm,
+                               c.attention_dropout, c.ffn_dropout)
+        self.decoder = Decoder(c.d_model, c.n_heads, c.d_ff, c.n_decoder_layers, c.dropout, c.norm_first, c.final_norm,
+                               c.attention_dropout, c.ffn_dropout)
         self.generator = Generator(c.d_model, c.vocab_size)
         for p in self.parameters():
             if p.dim() > 1:
