@@ -321,9 +321,9 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def _training_attention(device: torch.device):
-    """The attention kernels for training steps: on the CPU only the math kernel, whose backward pass is
-    faster there than the flash kernel's for sentences as short as these (about 1.2x more tokens/s when the
-    attention weights have no dropout, which otherwise rules the flash kernel out anyway)."""
+    """The attention kernels for training steps: on the CPU only the math kernel, whose backward pass is faster
+    there than the flash kernel's for sentences as short as these (it matters when the attention weights have no
+    dropout: dropout rules the flash kernel out anyway; benchmarks/dropout_speed.py measures it)."""
     return sdpa_kernel([SDPBackend.MATH]) if device.type == "cpu" else nullcontext()
 
 
