@@ -60,3 +60,14 @@ def test_the_earlier_release_and_the_ablation_ran_60_minutes():
     earlier, ablation = _load("earlier/cpu_v0.2.0.json"), _load("ablations/cpu_vocab4000_dropout0.2.json")
     assert earlier["preset"] == "cpu" and earlier["train_minutes"] == pytest.approx(60, abs=1)
     assert ablation["train_minutes"] == pytest.approx(60, abs=1) and len(ablation["learning_curve"]) >= 6
+
+
+def test_the_dropout_choice_was_made_on_val_for_each_budget():
+    half, half_everywhere = _load("cpu_30min.json"), _load("earlier/cpu_30min_dropout_everywhere.json")
+    hour, hour_residual = _load("cpu.json"), _load("ablations/cpu_residual_dropout_only.json")
+    for run in (half, hour_residual):
+        assert (run["config"]["attention_dropout"], run["config"]["ffn_dropout"]) == (0.0, 0.0)
+    assert half["config"]["max_minutes"] == half_everywhere["config"]["max_minutes"] == 30
+    assert half["bleu"]["val"]["cased"] > half_everywhere["bleu"]["val"]["cased"]  # so the half hour drops them
+    assert hour["bleu"]["val"]["cased"] > hour_residual["bleu"]["val"]["cased"]  # so the preset keeps them
+    assert "test2016" not in hour_residual["bleu"]  # an ablation is scored on val only

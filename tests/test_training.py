@@ -8,6 +8,7 @@ import sys
 import textwrap
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.recipe import batch_loss
+from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.training import (
     PRESETS,
     CheckpointError,
@@ -364,3 +366,19 @@ def test_killed_run_resumes_to_identical_weights_and_losses(tmp_path, small_toke
         train(TrainConfig.from_preset("tiny", d_model=48, n_heads=2), full, resume=True, progress=False)
     with pytest.raises(CheckpointError, match="already exists"):
         train(TrainConfig.from_preset("tiny"), full, progress=False)
+
+
+def test_a_run_from_before_the_dropout_fields_resumes(tmp_path, small_tokenizer):
+    tokenizer = BPETokenizer.load(small_tokenizer)
+    config = TrainConfig.from_preset("tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                                     train_subset=200, max_tokens=400, max_steps=2, epochs=1)
+    train(config, tmp_path, progress=False, tokenizer=tokenizer)
+    state = load_checkpoint(tmp_path / "last.pt")
+    for fields in (state["model_config"], state["train_config"]):  # as the previous release wrote them
+        del fields["attention_dropout"], fields["ffn_dropout"]
+    save_checkpoint(state, tmp_path / "last.pt")
+    resumed = train(replace(config, max_steps=3, epochs=2), tmp_path, resume=True, progress=False, tokenizer=tokenizer)
+    assert resumed.history[-1]["step"] == 3
+    with pytest.raises(CheckpointError, match="attention_dropout: checkpoint has 0.1, requested 0.0"):
+        train(replace(config, max_steps=4, epochs=2, attention_dropout=0.0), tmp_path, resume=True, progress=False,
+              tokenizer=tokenizer)

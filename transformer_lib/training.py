@@ -809,7 +809,12 @@ def _prepare(config: TrainConfig, out: Path, resume: bool, data_dir: str | Path 
             raise CheckpointError(f"{last_path} was trained with a different tokenizer than the one passed in")
         check_corpus(state["train_config"].get("corpus_sha256"), config.corpus_sha256, last_path)
         tokenizer = BPETokenizer.from_dict(state["tokenizer"])
-        check_model_config(state["model_config"], config.model_config(tokenizer.vocab_size).to_dict(), last_path)
+        saved_model = state["model_config"]
+        try:  # a checkpoint written before a field existed was trained with its default, which from_dict fills in
+            saved_model = TransformerConfig.from_dict(saved_model).to_dict()
+        except ValueError:
+            pass  # fields this version does not know: check_model_config names them
+        check_model_config(saved_model, config.model_config(tokenizer.vocab_size).to_dict(), last_path)
         check_data_order({**state["train_config"], "world_size": state.get("world_size", 1)},
                          {**config.to_dict(), "world_size": procs.world_size}, last_path)
     elif last_path.exists():
