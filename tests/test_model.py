@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from transformer_lib.attention import causal_mask, padding_mask
+from transformer_lib.attention import MultiHeadAttention, causal_mask, padding_mask
 from transformer_lib.model import Transformer, TransformerConfig, parameter_counts
 from transformer_lib.positional import sinusoidal_encoding
 
@@ -308,7 +308,7 @@ def dropout_rates(model: Transformer) -> dict[str, set[float]]:
     """The dropout rates of a model by where they act: residual (and embeddings), attention weights, FFN hidden units."""
     rates: dict[str, set[float]] = {"residual": set(), "attention": set(), "ffn": set()}
     for name, module in model.named_modules():
-        if type(module).__name__ == "MultiHeadAttention":
+        if isinstance(module, MultiHeadAttention):
             rates["attention"].add(module.dropout)
         elif isinstance(module, nn.Dropout):
             rates["ffn" if name.endswith("ffn.dropout") else "residual"].add(module.p)

@@ -251,10 +251,12 @@ def test_training_attention_kernel_gives_the_same_loss_and_gradients():
     batch = make_batch([[5, 6, 7, 8], [9, 10]], [[11, 12], [13, 14, 15, 16, 17]])
     criterion = LabelSmoothingLoss(40, 0, 0.1, reduction="sum")
     results = []
-    for context in (nullcontext(), _training_attention(torch.device("cpu"))):
+    for trainer_kernels, context in enumerate((nullcontext(), _training_attention(torch.device("cpu")))):
         model.zero_grad()
         with context:
+            flash = torch.backends.cuda.flash_sdp_enabled()  # the switch covers the CPU's flash kernel too
             loss, _ = batch_loss(model, batch, criterion)
+        assert flash is not bool(trainer_kernels)  # training on the CPU leaves only the math kernel
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
     (loss_a, grads_a), (loss_b, grads_b) = results
