@@ -384,3 +384,35 @@ def test_a_run_from_before_the_dropout_fields_resumes(tmp_path, small_tokenizer)
     with pytest.raises(CheckpointError, match="attention_dropout: checkpoint has 0.1, requested 0.0"):
         train(replace(config, max_steps=4, epochs=2, attention_dropout=0.0), tmp_path, resume=True, progress=False,
               tokenizer=tokenizer)
+
+
+def test_late_inner_dropout_switches_on_at_its_fraction_of_the_budget(tmp_path, small_tokenizer, monkeypatch):
+    from transformer_lib.attention import MultiHeadAttention
+    from transformer_lib.layers import PositionwiseFeedForward, SublayerConnection
+    from transformer_lib.training import Trainer
+
+    seen = []  # the (attention, FFN, residual) rates of each step
+    original = Trainer.train_step
+
+    def recording(self, batches):
+        rates = {(type(m).__name__, m.dropout if isinstance(m, MultiHeadAttention) else m.dropout.p)
+                 for m in self.model.modules()
+                 if isinstance(m, (MultiHeadAttention, PositionwiseFeedForward, SublayerConnection))}
+        seen.append(sorted(rates))
+        return original(self, batches)
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    tokenizer = BPETokenizer.load(small_tokenizer)
+    config = TrainConfig.from_preset("tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                                     dropout=0.1, train_subset=200, max_tokens=400, max_steps=6, epochs=1000,
+                                     inner_dropout_from=0.5)
+    train(config, tmp_path / "run", progress=False, tokenizer=tokenizer)
+    off = [("MultiHeadAttention", 0.0), ("PositionwiseFeedForward", 0.0), ("SublayerConnection", 0.1)]
+    on = [("MultiHeadAttention", 0.1), ("PositionwiseFeedForward", 0.1), ("SublayerConnection", 0.1)]
+    assert seen == [off] * 3 + [on] * 3  # progress before step k is (k - 1) / 6
+    seen.clear()  # a resumed run sets the rates before its first step
+    train(replace(config, max_steps=8, inner_dropout_from=0.9), tmp_path / "run", resume=True, progress=False,
+          tokenizer=tokenizer)
+    assert seen == [off, off]
+    with pytest.raises(ValueError, match="inner_dropout_from"):
+        TrainConfig(inner_dropout_from=1.0)

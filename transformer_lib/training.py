@@ -48,6 +48,8 @@ from transformer_lib.checkpoints import (
     save_checkpoint,
 )
 from .data import DataError, cache_dir, load_multi30k, sha256_file
+from .attention import MultiHeadAttention
+from .layers import PositionwiseFeedForward
 from .model import Transformer, TransformerConfig
 from transformer_lib.recipe import (
     Batch,
@@ -85,6 +87,7 @@ class TrainConfig:
     dropout: float = 0.1
     attention_dropout: float | None = None  # None: the same as dropout (TransformerConfig's fields)
     ffn_dropout: float | None = None
+    inner_dropout_from: float = 0.0  # the fraction of the budget before which those two rates are 0 (late dropout)
     norm_first: bool = False
     tie_embeddings: bool = True
     # the data
@@ -148,7 +151,7 @@ class TrainConfig:
                 raise ValueError(f"{name}={value} must be positive" + ("" if name == "lr_factor" else " or None"))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        for name in ["dropout", "attention_dropout", "ffn_dropout", "label_smoothing"]:
+        for name in ["dropout", "attention_dropout", "ffn_dropout", "inner_dropout_from", "label_smoothing"]:
             if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
         cooldown_factor(0.0, self.cooldown)  # validates cooldown
@@ -613,6 +616,19 @@ class Trainer:
             spent.append(self.minutes() / c.max_minutes)
         return max(spent)
 
+    def follows_budget(self) -> bool:
+        """Whether something changes with the fraction of the budget spent: the cooldown or late inner dropout."""
+        return self.config.cooldown > 0 or self.config.inner_dropout_from > 0
+
+    def set_inner_dropout(self, progress: float) -> None:
+        """Dropout inside attention and the FFN: off before inner_dropout_from of the budget, at its rate after."""
+        on = progress >= self.config.inner_dropout_from
+        for module in self.model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.dropout = self.model_config.attention_dropout if on else 0.0
+            elif isinstance(module, PositionwiseFeedForward):
+                module.dropout.p = self.model_config.ffn_dropout if on else 0.0
+
     def save_due(self) -> bool:
         """Whether checkpoint_every steps or checkpoint_minutes have passed since the last checkpoint."""
         c = self.config
@@ -623,7 +639,7 @@ class Trainer:
         """The step's sums over all processes, and one decision for all: rank 0's clock, any process's signal."""
         main = self.procs.main
         decisions = [float(signalled > 0), float(main and self.out_of_budget()), float(main and self.save_due()),
-                     self.budget_spent(n_batches) if main and self.config.cooldown > 0 else 0.0]
+                     self.budget_spent(n_batches) if main and self.follows_budget() else 0.0]
         if self.procs.world_size > 1:  # one all-reduce (a sum) carries the losses and rank 0's decisions
             both = self.procs.all_reduce(torch.cat([sums, torch.tensor(decisions, dtype=torch.float64,
                                                                        device=self.device)]))
@@ -754,10 +770,11 @@ class Trainer:
 def _loop(run: Trainer, signalled: list[int]) -> None:
     """Steps until the epochs or the budget run out, checkpointing at epoch ends, on the timer and on signals."""
     config, procs = run.config, run.procs
-    _, decision = run.agree(torch.zeros(3, dtype=torch.float64, device=run.device), signalled[0], 1)
+    batches = run.batches()
+    _, decision = run.agree(torch.zeros(3, dtype=torch.float64, device=run.device), signalled[0], len(batches))
+    run.set_inner_dropout(decision["progress"])
     stopped = decision["stop"]
     if run.progress:
-        batches = run.batches()
         precision = "float32" if run.amp is None else f"{str(run.amp).replace('torch.', '')} autocast"
         tqdm.write(f"{sum(p.numel() for p in run.model.parameters()) / 1e6:.1f}M parameters on {run.device} "
                    f"({precision}) x {procs.world_size} process(es); {len(run.train_src)} training pairs in "
@@ -776,6 +793,7 @@ def _loop(run: Trainer, signalled: list[int]) -> None:
             sums, decision = run.agree(sums, signalled[0], len(batches))
             if config.cooldown > 0:
                 run.schedule.progress = decision["progress"]  # the rate of the next step depends on it
+            run.set_inner_dropout(decision["progress"])
             run.schedule.step()
             run.sums += sums
             if procs.main and config.snapshot_minutes is not None:
