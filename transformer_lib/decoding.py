@@ -124,32 +124,33 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
     greedy: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # greedy's (score, tokens)
     with evaluating(model):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
-        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D): row b*K + k is beam k of sentence b
-        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
         cache = model.new_cache()
-        ys = src.new_full((B * K, 1), cfg.bos_id)  # (A*K + E, 1): A sentences searching, E extra greedy rows
-        live = list(range(B))  # the sentence of each group of K beam rows
+        # the K beams of a sentence start as one <bos>: the first step runs W = 1 row per sentence, later W = K
+        ys = src.new_full((B, 1), cfg.bos_id)  # (A*W + E, 1): A sentences searching, E extra greedy rows
+        live = list(range(B))  # the sentence of each group of W beam rows
         scores = torch.full((B, K), float("-inf"), device=src.device)  # (A, K): log p of each beam's prefix
         scores[:, 0] = 0.0  # one live beam to start with
         greedy_live = list(range(B)) if include_greedy else []  # the sentences whose greedy decode goes on
-        greedy_row = torch.arange(len(greedy_live), device=src.device) * K  # (G,): the row of greedy's prefix
+        greedy_row = torch.arange(len(greedy_live), device=src.device)  # (G,): the row of greedy's prefix
         greedy_scores = torch.zeros(len(greedy_live), device=src.device)  # (G,): log p of greedy's prefix
+        W = 1
         for t in range(1, steps + 1):
             A, G = len(live), len(greedy_live)
-            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A*K + E, V)
+            log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A*W + E, V)
             V = log_probs.size(-1)
-            candidates = (scores[:, :, None] + log_probs[: A * K].view(A, K, V)).view(A, K * V)  # (A, K*V)
+            candidates = (scores[:, :, None] + log_probs[: A * W].view(A, W, V)).view(A, K * V)  # (A, K*V)
             top, flat = candidates.topk(2 * K, dim=-1)  # (A, 2K), best first
             beam, token = flat // V, flat % V  # (A, 2K): which beam each candidate extends, with which token
+            row = beam if W == K else torch.zeros_like(beam)  # (A, 2K): that beam's row among the sentence's W
             is_eos = token == cfg.eos_id  # (A, 2K)
             for a, j in (is_eos[:, :K] & (top[:, :K] > float("-inf"))).nonzero().tolist():
                 if len(finished[live[a]]) < K:
-                    tokens = ys[a * K + beam[a, j].item(), 1:].tolist()
+                    tokens = ys[a * W + row[a, j].item(), 1:].tolist()
                     finished[live[a]].append((top[a, j].item() / length_penalty(t, alpha), tokens))
             searching = [a for a in range(A) if len(finished[live[a]]) < K]  # complete sentences leave the batch
             going = torch.tensor(searching, dtype=torch.long, device=src.device)  # (A',)
             keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[going, :K]  # (A', K): best K without eos
-            rows = (going[:, None] * K + beam[going].gather(1, keep)).view(-1)  # (A'*K,): the rows they extend
+            rows = (going[:, None] * W + row[going].gather(1, keep)).view(-1)  # (A'*K,): the rows they extend
             new_tokens = token[going].gather(1, keep).view(-1)  # (A'*K,)
             scores = top[going].gather(1, keep)  # (A', K)
             live = [live[a] for a in searching]
@@ -170,7 +171,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
             greedy_row[rider] = ridden
             own = (~same.any(dim=1)).nonzero()[:, 0]  # (E',): the greedy decodes off every beam
             greedy_row[own] = rows.numel() + torch.arange(own.numel(), device=src.device)
-            regrouped = len(live) < A or bool(ended.any()) or own.numel() != ys.size(0) - A * K
+            regrouped = W < K or len(live) < A or bool(ended.any()) or own.numel() != ys.size(0) - A * W
             rows = torch.cat([rows, prev_row[own]])  # (A'*K + E',): the row that each new row extends
             new_tokens = torch.cat([new_tokens, prev_token[own]])  # (A'*K + E',)
             if not live and not greedy_live:
@@ -182,6 +183,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
                 memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
                 for layer_cache in cache:  # and the same keys and values of the memory
                     layer_cache.cross_attn.reorder(rows)
+            W = K
     for a, b in enumerate(live):  # out of budget: the open beams count as finished, without eos
         if len(finished[b]) < K:
             finished[b] += [(scores[a, k].item() / length_penalty(steps, alpha), ys[a * K + k, 1:].tolist())
