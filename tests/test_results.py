@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from transformer_lib.training import PRESETS
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "results").rglob("*.json"))
 FIELDS = {"preset", "command", "device", "precision", "torch_version", "train_minutes", "steps", "parameters", "decoding",
@@ -64,10 +66,23 @@ def test_the_earlier_release_and_the_ablation_ran_60_minutes():
 
 def test_the_dropout_choice_was_made_on_val_for_each_budget():
     half, half_everywhere = _load("cpu_30min.json"), _load("earlier/cpu_30min_dropout_everywhere.json")
-    hour, hour_residual = _load("cpu.json"), _load("ablations/cpu_residual_dropout_only.json")
+    hour, hour_everywhere = _load("cpu.json"), _load("earlier/cpu_dropout_everywhere.json")
+    hour_residual = _load("ablations/cpu_residual_dropout_only.json")
     for run in (half, hour_residual):
         assert (run["config"]["attention_dropout"], run["config"]["ffn_dropout"]) == (0.0, 0.0)
     assert half["config"]["max_minutes"] == half_everywhere["config"]["max_minutes"] == 30
     assert half["bleu"]["val"]["cased"] > half_everywhere["bleu"]["val"]["cased"]  # so the half hour drops them
-    assert hour["bleu"]["val"]["cased"] > hour_residual["bleu"]["val"]["cased"]  # so the preset keeps them
+    assert hour["config"]["inner_dropout_from"] == PRESETS["cpu"]["inner_dropout_from"] == 0.5
+    assert hour_everywhere["config"]["inner_dropout_from"] == 0
+    # late inner dropout beat dropout everywhere, which beat residual dropout alone: so the preset's hour turns
+    # the inner dropout on halfway
+    assert hour["bleu"]["val"]["cased"] > hour_everywhere["bleu"]["val"]["cased"] > hour_residual["bleu"]["val"]["cased"]
     assert "test2016" not in hour_residual["bleu"]  # an ablation is scored on val only
+
+
+def test_the_half_hour_keeps_its_batches_of_2000_tokens():
+    half, smaller = _load("cpu_30min.json"), _load("ablations/cpu30_max_tokens1500.json")
+    assert (half["config"]["max_tokens"], smaller["config"]["max_tokens"]) == (2000, 1500)
+    assert {k: v for k, v in half["config"].items() if k != "max_tokens"} == {
+        k: v for k, v in smaller["config"].items() if k not in ("max_tokens", "inner_dropout_from")}
+    assert half["bleu"]["val"]["cased"] > smaller["bleu"]["val"]["cased"] and "test2016" not in smaller["bleu"]
