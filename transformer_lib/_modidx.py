@@ -433,6 +433,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'transformer_lib/training.py'),
                                           'transformer_lib.training.evaluate': ( 'training_at_scale.html#evaluate',
                                                                                  'transformer_lib/training.py'),
+                                          'transformer_lib.training.keep_freed_memory': ( 'training_at_scale.html#keep_freed_memory',
+                                                                                          'transformer_lib/training.py'),
                                           'transformer_lib.training.load_model': ( 'training_at_scale.html#load_model',
                                                                                    'transformer_lib/training.py'),
                                           'transformer_lib.training.parse_overrides': ( 'training_at_scale.html#parse_overrides',

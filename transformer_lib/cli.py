@@ -26,6 +26,7 @@ from transformer_lib.training import (
     ProcessFailure,
     TrainConfig,
     UnsupportedSetting,
+    keep_freed_memory,
     parse_overrides,
     resolve_device,
     train,
@@ -314,6 +315,7 @@ def _print_warning(message: Warning | str, category: type, filename: str, lineno
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `transformer-lib` with argv (default sys.argv[1:]); returns the exit code."""
     args = build_parser().parse_args(argv)
+    keep_freed_memory()  # a program that exits soon: keep freed memory for reuse (chapter 11b)
     shown = warnings.showwarning
     warnings.showwarning = _print_warning
     try:

@@ -4,20 +4,22 @@
 
 # %% auto #0
 __all__ = ['CORPUS_FIELDS', 'PRESETS', 'TrainConfig', 'parse_overrides', 'resolve_device', 'amp_for_capability',
-           'cpu_has_native_bf16', 'resolve_amp', 'UnsupportedSetting', 'check_runtime', 'evaluate', 'ProcessFailure',
-           'Processes', 'start_processes', 'LossComputation', 'step_shard', 'TrainResult', 'Trainer', 'train',
-           'read_parallel', 'read_corpus', 'corpus_tokenizer', 'check_corpus', 'load_model', 'plot_losses',
+           'cpu_has_native_bf16', 'resolve_amp', 'UnsupportedSetting', 'check_runtime', 'evaluate', 'keep_freed_memory',
+           'ProcessFailure', 'Processes', 'start_processes', 'LossComputation', 'step_shard', 'TrainResult', 'Trainer',
+           'train', 'read_parallel', 'read_corpus', 'corpus_tokenizer', 'check_corpus', 'load_model', 'plot_losses',
            'CHECKPOINT_FORMAT', 'DATA_ORDER_FIELDS', 'CheckpointError', 'check_data_order', 'check_model_config',
            'load_checkpoint', 'save_checkpoint', 'Batch', 'LabelSmoothingLoss', 'NoamSchedule', 'average_weights',
            'batch_loss', 'cooldown_factor', 'encode_pairs', 'encode_source', 'make_batch', 'noam_rate', 'pad_ids',
            'padding_fraction', 'token_batches']
 
 # %% ../book/11b_training_at_scale.ipynb #8f0df878
+import ctypes
 import difflib
 import hashlib
 import json
 import math
 import os
+import platform
 import random
 import signal
 import sys
@@ -369,6 +371,16 @@ def evaluate(
         loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tgt_tokens
     model.train(was_training)
     return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(nll_sum / tokens), "tokens": tokens}
+
+# %% ../book/11b_training_at_scale.ipynb #000bef73
+def keep_freed_memory(limit: int = 1 << 30) -> bool:
+    """Let glibc's malloc keep up to `limit` bytes of freed memory for reuse, instead of handing large blocks back
+    to the system at every free; True if set (Linux with glibc), False elsewhere, where nothing changes."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers, from glibc's malloc.h
+    mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
+    return bool(mallopt(M_MMAP_THRESHOLD, limit)) and bool(mallopt(M_TRIM_THRESHOLD, limit))
 
 # %% ../book/11b_training_at_scale.ipynb #32ea5488
 class ProcessFailure(RuntimeError):
@@ -872,6 +884,8 @@ def train(
     procs = start_processes(config.device)
     try:
         check_runtime(procs.device, config.amp, config.compile)
+        if procs.device.type == "cpu":
+            keep_freed_memory()  # ~10% more steps on a CPU: each step reuses the last one's memory
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         state, tokenizer, data, n_pairs = _prepare(config, Path(out_dir), resume, data_dir, tokenizer, procs,
