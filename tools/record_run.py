@@ -3,7 +3,7 @@ the run, its validation-loss trail and, with --curve, val BLEU of every snapshot
 
 Usage:
   python tools/record_run.py RUN_DIR results/NAME.json --command "transformer-lib train ..." [--beam 4]
-      [--alpha 0.6] [--curve] [--notes "..."]
+      [--alpha 1.0] [--curve] [--notes "..."]
 
 A run that only informs a choice (an ablation) is scored on val alone, so test2016 is measured once per final run:
   python tools/record_run.py RUN_DIR results/ablations/NAME.json --splits val --command "..." [--curve]
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, nargs="?")
     parser.add_argument("--command", default=None, help="the command that trained the run")
     parser.add_argument("--beam", type=int, nargs="+", default=[4])
-    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6])
+    parser.add_argument("--alpha", type=float, nargs="+", default=[1.0])
     parser.add_argument("--curve", action="store_true", help="score every snapshotNNN.pt on val")
     parser.add_argument("--val-only", action="store_true", help="print val BLEU for each --beam x --alpha")
     parser.add_argument("--splits", nargs="+", default=["val", "test2016"], help="the splits to score")

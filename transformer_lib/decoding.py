@@ -87,12 +87,12 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
     return outputs
 
 # %% ../book/12_decoding.ipynb #17924e80
-def length_penalty(length: int | Tensor, alpha: float = 0.6) -> float | Tensor:
+def length_penalty(length: int | Tensor, alpha: float = 1.0) -> float | Tensor:
     """GNMT's length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, Eq. 14); length counts the eos."""
     return ((5 + length) / 6) ** alpha
 
 # %% ../book/12_decoding.ipynb #83443614
-def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alpha: float = 0.6,
+def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alpha: float = 1.0,
                     max_len: int | None = None) -> Tensor:
     """log p(y | x) / lp(y) (B,) of one hypothesis per sentence of src (B, S), by teacher forcing."""
     cfg = model.config
@@ -112,7 +112,7 @@ def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alph
     return total / length_penalty(lengths, alpha)
 
 # %% ../book/12_decoding.ipynb #fd5bc127
-def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 0.6,
+def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 1.0,
                 max_len: int | None = None, include_greedy: bool = True) -> list[list[int]]:
     """The best hypothesis of a beam search for each sentence of src (B, S), scored log p / lp (GNMT)."""
     if beam_size < 1:

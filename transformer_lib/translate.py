@@ -76,7 +76,7 @@ class Translator:
         return [x[:limit] + [eos] for x in ids], cut
 
     def translate(self, sentences: Sequence[str], beam_size: int = 4, batch_size: int = 128,
-                  max_len: int | None = None, progress: bool = False, alpha: float = 0.6) -> list[str]:
+                  max_len: int | None = None, progress: bool = False, alpha: float = 1.0) -> list[str]:
         """Translate sentences (one output per input, empty for empty); beam_size=1 is greedy decoding.
 
         alpha is the beam's length penalty (chapter 12); greedy decoding has none.
@@ -124,7 +124,7 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]
 
 # %% ../book/13_translator.ipynb #12daab3a
 def evaluate(translator: Translator, pairs: Sequence[tuple[str, str]], beam_size: int = 4,
-             batch_size: int = 128, progress: bool = False, alpha: float = 0.6) -> dict[str, Any]:
+             batch_size: int = 128, progress: bool = False, alpha: float = 1.0) -> dict[str, Any]:
     """Translate the sources of (source, reference) pairs and score them: bleu()'s fields, the hypotheses."""
     hypotheses = translator.translate([s for s, _ in pairs], beam_size, batch_size, progress=progress, alpha=alpha)
     return {**bleu(hypotheses, [r for _, r in pairs]), "hypotheses": hypotheses}
@@ -155,7 +155,7 @@ def _directed(pairs: Sequence[tuple[str, str]], train_config: dict[str, Any]) ->
 
 def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2016"), beam_size: int = 4,
                         batch_size: int = 128, device: str = "auto", data_dir: str | Path | None = None,
-                        command: str | None = None, progress: bool = False, alpha: float = 0.6) -> dict[str, Any]:
+                        command: str | None = None, progress: bool = False, alpha: float = 1.0) -> dict[str, Any]:
     """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of results/*.json."""
     translator = Translator.from_checkpoint(path, device)
     train_config = translator.info.get("train_config", {})
@@ -181,7 +181,7 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
     }
 
 
-def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, alpha: float = 0.6,
+def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, alpha: float = 1.0,
                    batch_size: int = 128, device: str = "auto", data_dir: str | Path | None = None,
                    progress: bool = False) -> list[dict[str, Any]]:
     """BLEU on a split of each snapshot a run kept (snapshot_minutes) and of its model.pt, by training minutes."""
