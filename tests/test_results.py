@@ -95,14 +95,24 @@ def test_the_half_hour_keeps_residual_dropout_and_the_decoding_was_chosen_on_val
     from transformer_lib.decoding import beam_search
     from transformer_lib.translate import Translator
 
-    before, now, late = (_load("earlier/cpu_30min_default_allocator.json"), _load("cpu_30min.json"),
+    before, now, late = (_load("earlier/cpu_30min_default_allocator.json"), _load("earlier/cpu_30min_post_norm.json"),
                          _load("ablations/cpu30_late_inner_dropout.json"))
     assert before["decoding"] == late["decoding"] == {"beam_size": 4, "alpha": 0.6}
     assert before["bleu"]["val"]["cased"] > late["bleu"]["val"]["cased"] and "test2016" not in late["bleu"]
     assert now["command"] == before["command"] and now["steps"] > before["steps"]  # keep_freed_memory: more steps
     # alpha 1.0 validated better than 0.6 for both budgets (the 0.6 scores are in the notes): the library's default
-    for run in (now, _load("cpu.json")):
+    for run in (now, _load("cpu_30min.json"), _load("cpu.json")):
         assert run["decoding"] == {"beam_size": 4, "alpha": 1.0}
     assert "43.28 against 42.89" in _load("cpu.json")["notes"] and "41.50 against 41.13" in now["notes"]
     for fn in (beam_search, Translator.translate):
         assert inspect.signature(fn).parameters["alpha"].default == 1.0
+
+
+def test_the_half_hour_is_pre_norm_chosen_on_val():
+    post, pre = _load("earlier/cpu_30min_post_norm.json"), _load("cpu_30min.json")
+    assert (post["config"]["norm_first"], pre["config"]["norm_first"]) == (False, True)
+    assert {k: v for k, v in post["config"].items() if k != "norm_first"} == {
+        k: v for k, v in pre["config"].items() if k != "norm_first"}
+    assert pre["command"] == post["command"] + " --set norm_first=true"
+    assert pre["decoding"] == post["decoding"] and pre["bleu"]["val"]["cased"] > post["bleu"]["val"]["cased"]
+    assert "42.26 against 41.50" in pre["notes"]

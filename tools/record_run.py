@@ -21,7 +21,7 @@ from pathlib import Path
 from transformer_lib.data import load_multi30k
 from transformer_lib.translate import Translator, evaluate, evaluate_checkpoint, learning_curve
 
-CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout", "attention_dropout",
+CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first", "d_ff", "dropout", "attention_dropout",
                  "ffn_dropout", "inner_dropout_from", "vocab_size", "max_tokens", "lr_factor", "warmup", "cooldown",
                  "label_smoothing", "average_last", "amp", "max_minutes")
 
