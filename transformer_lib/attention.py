@@ -57,6 +57,9 @@ class KVCache:
     k: Tensor | None = None  # (B, H, S_cached, Dh)
     v: Tensor | None = None  # (B, H, S_cached, Dh)
     static: bool = False  # True for cross-attention: computed once from the encoder memory, then reused
+    group: int = 1  # static only: query rows a*group .. a*group + group - 1 read cached row a, for a < n_groups
+    n_groups: int | None = None  # how many cached rows are read by such groups (None: all of them)
+    extra: Tensor | None = None  # (E,): the cached row that each query row after the groups reads
 
     def __len__(self) -> int:
         """Number of cached key positions."""
@@ -77,7 +80,61 @@ class KVCache:
             self.v = self.v.index_select(0, index)  # (B', H, S_cached, Dh)
         return self
 
+    def share(self, group: int, n_groups: int | None = None, extra: Tensor | None = None) -> "KVCache":
+        """Let several query rows read one cached row (see `group`, `n_groups`, `extra`); in place, returns self."""
+        if not self.static:
+            raise ValueError("only a static cache can be shared: self-attention keys differ from row to row")
+        if group < 1 or (n_groups is not None and n_groups < 0):
+            raise ValueError(f"group={group} must be at least 1 and n_groups={n_groups} at least 0")
+        self.group, self.n_groups, self.extra = group, n_groups, extra
+        return self
+
+    @property
+    def shared(self) -> bool:
+        """True when query rows and cached rows are not one to one (after share())."""
+        return self.group != 1 or self.n_groups is not None or self.extra is not None
+
+    def query_rows(self) -> Tensor:
+        """The cached row (R,) that each of the R query rows reads: R = n_groups * group + E."""
+        n_groups = self.k.size(0) if self.n_groups is None else self.n_groups
+        rows = torch.arange(n_groups, device=self.k.device).repeat_interleave(self.group)  # (n_groups * group,)
+        return rows if self.extra is None else torch.cat([rows, self.extra])  # (R,)
+
 # %% ../book/06_multi_head_attention.ipynb #1b4a7b24
+def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0,
+                    is_causal: bool = False) -> Tensor:
+    """F.scaled_dot_product_attention (..., T, Dh) with chapter 5's rule: a query with no key gives zeros."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)  # (..., T, Dh)
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T|1, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+    return out.masked_fill(~has_key, 0.0)  # (..., T, Dh): rows with no key give zeros
+
+
+def _shared_attention(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, mask: Tensor | None = None,
+                     dropout_p: float = 0.0) -> Tensor:
+    """Attention (R, H, T, Dh) of query rows q (R, H, T, Dh) that read the cached rows of k, v (A, H, S, Dh) in
+    groups, as cache.share() set them: each group's queries go to the kernel as one block, and no row is copied."""
+    G = cache.group
+    n_groups = k.size(0) if cache.n_groups is None else cache.n_groups
+    n = n_groups * G  # the query rows read in groups; the rest read cache.extra
+
+    def rows(t: Tensor | None, index: slice | Tensor) -> Tensor | None:
+        return t if t is None or t.size(0) == 1 else t[index]  # a mask of batch 1 fits every row
+
+    parts = []
+    if n:
+        block = rearrange(q[:n], "(a g) h t d -> a h (g t) d", g=G)  # (A, H, G*T, Dh): a group's queries together
+        out = _fused_attention(block, k[:n_groups], v[:n_groups], rows(mask, slice(0, n_groups)), dropout_p)
+        parts.append(rearrange(out, "a h (g t) d -> (a g) h t d", g=G))  # (A*G, H, T, Dh)
+    if cache.extra is not None and cache.extra.numel():
+        e = cache.extra  # (E,)
+        parts.append(_fused_attention(q[n:], k[e], v[e], rows(mask, e), dropout_p))  # (E, H, T, Dh)
+    if len(parts) == 1:
+        return parts[0]  # (R, H, T, Dh)
+    return torch.cat(parts) if parts else q[:0]  # (R, H, T, Dh)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Sec. 3.2.2): H scaled dot-product attentions on projections of width D/H."""
 
@@ -130,16 +187,23 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"is_causal=True needs no mask, nothing cached and S = T (got S={x_kv.size(1)}, "
                                  f"T={x_q.size(1)}, {cached} cached); pass causal_mask(T, offset=...) instead")
         q = self._queries(x_q, cache)  # (B, H, T, Dh)
-        k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh)
+        k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh), or (B_cached, H, S, Dh) from a shared cache
         p = self.dropout if self.training else 0.0
+        shared = cache is not None and cache.static and cache.shared
+        if shared:
+            rows = cache.query_rows()  # (B,): the cached row of each query row
+            if rows.numel() != q.size(0):
+                raise ValueError(f"the shared cache serves {rows.numel()} query rows, got {q.size(0)}")
+            if need_weights or not self.use_sdpa or (mask is not None and mask.size(2) != 1):
+                k, v = k[rows], v[rows]  # (B, H, S, Dh): a copy per query row, as without sharing
+                mask = mask if mask is None or mask.size(0) == 1 else mask[rows]  # (B|1, 1, 1, S)
+                shared = False
         if self.use_sdpa and not need_weights:
             weights = None
-            if mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal)  # (B, H, T, Dh)
+            if shared:  # mask (B_cached|1, 1, 1, S): one key padding per cached row
+                out = _shared_attention(q, k, v, cache, mask, dropout_p=p)  # (B, H, T, Dh)
             else:
-                has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, T|1, 1)
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=p)
-                out = out.masked_fill(~has_key, 0.0)  # (B, H, T, Dh): rows with no key give zeros
+                out = _fused_attention(q, k, v, mask, dropout_p=p, is_causal=is_causal)  # (B, H, T, Dh)
         else:
             if is_causal:
                 mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T)

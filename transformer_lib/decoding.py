@@ -128,6 +128,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
         # the K beams of a sentence start as one <bos>: the first step runs W = 1 row per sentence, later W = K
         ys = src.new_full((B, 1), cfg.bos_id)  # (A*W + E, 1): A sentences searching, E extra greedy rows
         live = list(range(B))  # the sentence of each group of W beam rows
+        held = list(range(B))  # the sentence of each row of the memory's mask and cross-attention caches
         scores = torch.full((B, K), float("-inf"), device=src.device)  # (A, K): log p of each beam's prefix
         scores[:, 0] = 0.0  # one live beam to start with
         greedy_live = list(range(B)) if include_greedy else []  # the sentences whose greedy decode goes on
@@ -136,6 +137,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
         W = 1
         for t in range(1, steps + 1):
             A, G = len(live), len(greedy_live)
+            # memory is read at the first step only; then the cross-attention caches hold its keys and values
             log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A*W + E, V)
             V = log_probs.size(-1)
             candidates = (scores[:, :, None] + log_probs[: A * W].view(A, W, V)).view(A, K * V)  # (A, K*V)
@@ -171,7 +173,6 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
             greedy_row[rider] = ridden
             own = (~same.any(dim=1)).nonzero()[:, 0]  # (E',): the greedy decodes off every beam
             greedy_row[own] = rows.numel() + torch.arange(own.numel(), device=src.device)
-            regrouped = W < K or len(live) < A or bool(ended.any()) or own.numel() != ys.size(0) - A * W
             rows = torch.cat([rows, prev_row[own]])  # (A'*K + E',): the row that each new row extends
             new_tokens = torch.cat([new_tokens, prev_token[own]])  # (A'*K + E',)
             if not live and not greedy_live:
@@ -179,10 +180,20 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
             ys = torch.cat([ys.index_select(0, rows), new_tokens[:, None]], dim=1)  # (A'*K + E', t + 1)
             for layer_cache in cache:  # the prefixes' keys and values follow their rows
                 layer_cache.self_attn.reorder(rows)
-            if regrouped:  # rows changed sentence; within a sentence every row reads the same memory
-                memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
-                for layer_cache in cache:  # and the same keys and values of the memory
-                    layer_cache.cross_attn.reorder(rows)
+            # the memory's keys and values: one copy per sentence that a row still reads, shared by its rows
+            own_sentences = [greedy_live[g] for g in own.tolist()]
+            now_held = live + sorted(set(own_sentences) - set(live))  # the searching sentences first
+            if now_held != held:  # a sentence left: drop its memory rows
+                was = {b: i for i, b in enumerate(held)}
+                index = torch.tensor([was[b] for b in now_held], dtype=torch.long, device=src.device)  # (A' + E'',)
+                src_mask = src_mask.index_select(0, index)  # (A' + E'', 1, 1, S)
+                for layer_cache in cache:
+                    layer_cache.cross_attn.reorder(index)
+                held = now_held
+            at = {b: i for i, b in enumerate(held)}
+            extra = torch.tensor([at[b] for b in own_sentences], dtype=torch.long, device=src.device)  # (E',)
+            for layer_cache in cache:  # beam rows a*K .. a*K + K - 1 read row a; greedy's own rows read `extra`
+                layer_cache.cross_attn.share(K, len(live), extra)
             W = K
     for a, b in enumerate(live):  # out of budget: the open beams count as finished, without eos
         if len(finished[b]) < K:
