@@ -71,11 +71,9 @@ def _train_losses(out: Path) -> torch.Tensor:
     return torch.tensor([r["loss"] for r in records if r["kind"] == "train"], dtype=torch.float64)
 
 
-def _assert_close_weights(a: dict, b: dict, atol: float = 1e-5, skip: str = "") -> None:
+def _assert_close_weights(a: dict, b: dict, atol: float = 1e-5) -> None:
     assert a.keys() == b.keys()
     for name in a:
-        if skip and skip in name:
-            continue
         assert torch.allclose(a[name], b[name], atol=atol), (name, (a[name] - b[name]).abs().max())
 
 
@@ -113,6 +111,7 @@ def test_two_processes_compute_the_update_of_one_process(tmp_path, small_tokeniz
     src, tgt = encode_pairs(load_multi30k("train")[:300], tokenizer, config.max_len)
     torch.manual_seed(config.seed)
     model = accum.model.__class__(config.model_config(tokenizer.vocab_size))
+    start = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     optimizer = torch.optim.Adam(model.parameters(), lr=noam_rate(1, config.d_model, config.warmup), betas=config.betas,
                                  eps=config.eps)
     schedule = NoamSchedule(optimizer, config.d_model, config.warmup)
@@ -130,10 +129,19 @@ def test_two_processes_compute_the_update_of_one_process(tmp_path, small_tokeniz
         schedule.step()
         losses.append(loss_sum.item() / batch.n_tgt_tokens)
     assert torch.allclose(torch.tensor(losses, dtype=torch.float64), _train_losses(two_process_run), atol=1e-5)
-    # The keys' biases add the same number to every score of a query, which softmax ignores: their true
-    # gradient is 0, and Adam (eps=1e-9) turns the rounding noise in it into full-size steps. Padding the two
-    # batches together changes that noise, so these biases are the one place where the runs may part.
-    _assert_close_weights(model.state_dict(), two["model"], skip="k_proj.bias")
+    # Padding the two batches together changes the rounding of every sum, and Adam (eps=1e-9) divides each
+    # gradient by its own size, so an element whose true gradient is nearly 0 takes a step set by that noise: the
+    # weights part by amounts that depend on the CPU's kernels (up to 6e-4 after 12 steps on some machines).
+    # What holds on any machine: each tensor ends within 2% of the distance it travelled (about 0.2% is noise; a
+    # step that dropped one of the two batches misses by 8% to 84%). The keys' biases are left out: they add the
+    # same number to every score of a query, which softmax ignores, so their true gradient is 0 and every step
+    # they take is noise.
+    for name, tensor in model.state_dict().items():
+        if "k_proj.bias" in name:
+            continue
+        travelled = (two["model"][name] - start[name]).norm()
+        apart = (tensor - two["model"][name]).norm()
+        assert apart <= 0.02 * travelled, (name, (apart / travelled).item())
 
 
 def test_two_process_run_killed_with_sigkill_resumes_to_identical_weights(tmp_path, small_tokenizer,
