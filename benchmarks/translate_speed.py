@@ -4,7 +4,8 @@
    time a user waits, start-up, model loading and writing included.
 2. `Translator.translate` in this process, for a few batch sizes (the command line's default is 128), with the
    translations checked to be the same for every batch size; first at batch 128 with the C library's default
-   allocator settings, then after `keep_freed_memory()` (chapter 11b), which the command line calls.
+   allocator settings, then after `keep_freed_memory()` (chapter 11b), which the command line calls; then one
+   batch at a time on all threads (workers=1) against one batch per core (the default), alternated.
 3. Beam search as the previous release ran it: finished sentences kept in the batch, every cache reordered each step:
    the reference, for the ratio on the last line.
 
@@ -15,6 +16,7 @@ The last line is ratio=<time of the previous release's decoding / time of today'
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -154,6 +156,15 @@ def main() -> None:
         print(f"Translator.translate, batch {batch_size:3}: {seconds:.1f} s, {len(sentences) / seconds:.0f} sentences/s")
     same = all(out == cli_out for out in [default_out, *outputs.values()])
     print("the same translations for every batch size and the command line:", same)
+    times = {1: [], None: []}
+    for _ in range(1 if args.quick else 3):
+        for workers in times:
+            start = time.perf_counter()
+            same &= translator.translate(sentences, args.beam, 128, workers=workers) == cli_out
+            times[workers].append(time.perf_counter() - start)
+    one_at_a_time, per_core = (statistics.median(t) for t in times.values())
+    print(f"batch 128, one batch at a time on {torch.get_num_threads()} threads: {one_at_a_time:.1f} s; one batch "
+          f"per core: {per_core:.1f} s (median of {len(times[1])}); the same translations: {same}")
 
     fast, _ = timed_translate(translator, sentences, args.beam, 128)
     translate.beam_search, translate.greedy_decode = beam_keeping_finished, greedy_keeping_finished

@@ -17,6 +17,7 @@ from transformer_lib.translate import (
     evaluate,
     evaluate_checkpoint,
     learning_curve,
+    map_on_cores,
     preset_of,
     split_words,
     unsupported_words,
@@ -60,6 +61,57 @@ def test_batching_does_not_change_translations(translator):
     alone = [translator.translate([s], beam_size=1)[0] for s in sentences]
     assert together == alone
     assert translator.translate(sentences[::-1], beam_size=1, batch_size=2) == together[::-1]
+
+
+def test_batches_decoded_at_once_on_several_cores_give_the_same_translations(translator):
+    sentences = SENTENCES + ["Hund", "Ein Mann.", "Zwei Hunde spielen im Schnee.", "", "Ein Mann läuft."]
+    threads = torch.get_num_threads()
+    for beam_size in (1, 3):
+        one = translator.translate(sentences, beam_size=beam_size, batch_size=2, workers=1)
+        assert translator.translate(sentences, beam_size=beam_size, batch_size=2, workers=3) == one
+    assert torch.get_num_threads() == threads  # set back after the workers
+    assert not translator.model.training
+    translator.model.train()  # a model in training mode is decoded without dropout and given back as it was
+    try:
+        assert translator.translate(sentences, beam_size=3, batch_size=2, workers=3) == one
+        assert translator.model.training
+    finally:
+        translator.model.eval()
+    with pytest.raises(ValueError, match="workers=0"):
+        translator.translate(sentences, workers=0)
+
+
+def test_map_on_cores_keeps_the_order_gives_each_worker_one_core_and_passes_errors_on():
+    import threading
+    import time
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+
+        def work(i: int) -> tuple[int, int, str]:
+            time.sleep(0.01 * (5 - i))  # the first items finish last
+            torch.ones(64, 64) @ torch.ones(64, 64)
+            return i, torch.get_num_threads(), threading.current_thread().name
+
+        for i, n, name in map_on_cores(work, list(range(6)), workers=2):
+            seen.append((i, n, name))
+        assert [i for i, _, _ in seen] == list(range(6))
+        assert {n for _, n, _ in seen} == {1} and len({name for _, _, name in seen}) == 2
+        assert torch.get_num_threads() == 2
+        assert [n for _, n, _ in map_on_cores(work, [0], workers=2)] == [2]  # one item: no thread of its own
+
+        def fail(i: int) -> int:
+            if i == 2:
+                raise RuntimeError("item 2 fails")
+            return i
+
+        with pytest.raises(RuntimeError, match="item 2 fails"):
+            list(map_on_cores(fail, list(range(4)), workers=2))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_long_input_is_truncated_with_a_warning(translator):

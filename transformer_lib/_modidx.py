@@ -494,6 +494,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'transformer_lib/translate.py'),
                                            'transformer_lib.translate.learning_curve': ( 'translator.html#learning_curve',
                                                                                          'transformer_lib/translate.py'),
+                                           'transformer_lib.translate.map_on_cores': ( 'translator.html#map_on_cores',
+                                                                                       'transformer_lib/translate.py'),
                                            'transformer_lib.translate.plot_alignment': ( 'translator.html#plot_alignment',
                                                                                          'transformer_lib/translate.py'),
                                            'transformer_lib.translate.preset_of': ( 'translator.html#preset_of',
