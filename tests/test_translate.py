@@ -110,6 +110,19 @@ def test_map_on_cores_keeps_the_order_gives_each_worker_one_core_and_passes_erro
         with pytest.raises(RuntimeError, match="item 2 fails"):
             list(map_on_cores(fail, list(range(4)), workers=2))
         assert torch.get_num_threads() == 2
+
+        started = []
+
+        def slow(i: int) -> int:
+            started.append(i)
+            time.sleep(0.05)
+            return i
+
+        results = map_on_cores(slow, list(range(40)), workers=2)
+        assert next(results) == 0
+        results.close()  # the caller stops (an interrupt, say): the items not yet started never run
+        time.sleep(0.1)
+        assert len(started) < 10 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
 
