@@ -48,7 +48,7 @@ def map_on_cores(fn: Callable[[_Item], _Result], items: Sequence[_Item], workers
     torch.set_num_threads(1)  # a new thread takes this count when it first computes: one core per worker
     try:
         with ThreadPoolExecutor(min(workers, len(items))) as pool:
-            yield from pool.map(fn, items)  # an error or an early stop (Ctrl-C) cancels the items not yet started
+            yield from pool.map(fn, items)  # an error or an early stop (Ctrl-C) cancels the rest
     finally:
         torch.set_num_threads(threads)
 
