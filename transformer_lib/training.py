@@ -204,7 +204,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 inner_dropout_from=0.5, max_tokens=2000, warmup=800, lr_factor=0.5, cooldown=0.4, epochs=1000,
                 max_minutes=60.0, average_last=5, snapshot_minutes=10.0),
     "gpu": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1,
-                max_tokens=20000, warmup=1000, cooldown=0.4, epochs=1000, max_minutes=10.0, average_last=5, log_every=10),
+                norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4, epochs=1000, max_minutes=10.0, average_last=5, log_every=10),
 }
 
 
