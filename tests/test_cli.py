@@ -184,3 +184,10 @@ def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys
                 str(tmp_path / f"r{average_last}"), "--quiet"]
         assert main(args) == EXIT_OK
         assert f"validation loss {loss};" in capsys.readouterr().out
+
+
+def test_the_command_line_starts_without_the_bleu_library():
+    # a user who only translates waits for no import of sacrebleu; `evaluate` imports it when it scores
+    code = "import sys, transformer_lib.cli; print('sacrebleu' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr
