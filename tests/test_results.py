@@ -116,3 +116,16 @@ def test_the_half_hour_is_pre_norm_chosen_on_val():
     assert pre["command"] == post["command"] + " --set norm_first=true"
     assert pre["decoding"] == post["decoding"] and pre["bleu"]["val"]["cased"] > post["bleu"]["val"]["cased"]
     assert "42.26 against 41.50" in pre["notes"]
+
+
+def test_the_half_hour_keeps_three_layers_a_side_chosen_on_val_on_one_machine():
+    same, shallow = _load("float32/cpu_30min_pre_norm.json"), _load("ablations/cpu30_pre_norm_enc4_dec2.json")
+    assert same["command"] == _load("cpu_30min.json")["command"]  # the half hour's command, on a float32 machine
+    assert (same["device"], same["precision"]) == (shallow["device"], shallow["precision"]) == (same["device"], "float32")
+    layers = ("n_encoder_layers", "n_decoder_layers")
+    assert [same["config"][k] for k in layers] == [3, 3] and [shallow["config"][k] for k in layers] == [4, 2]
+    assert {k: v for k, v in same["config"].items() if k not in layers} == {
+        k: v for k, v in shallow["config"].items() if k not in layers}
+    assert shallow["steps"] > same["steps"]  # a cheaper step...
+    assert shallow["bleu"]["val"]["cased"] < same["bleu"]["val"]["cased"]  # ...but a worse translator
+    assert "test2016" not in shallow["bleu"]
