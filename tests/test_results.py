@@ -129,3 +129,14 @@ def test_the_half_hour_keeps_three_layers_a_side_chosen_on_val_on_one_machine():
     assert shallow["steps"] > same["steps"]  # a cheaper step...
     assert shallow["bleu"]["val"]["cased"] < same["bleu"]["val"]["cased"]  # ...but a worse translator
     assert "test2016" not in shallow["bleu"]
+
+
+def test_the_half_hour_keeps_its_learning_rate_chosen_on_val_on_one_machine():
+    same, faster = _load("float32/cpu_30min_pre_norm.json"), _load("ablations/cpu30_pre_norm_lr_factor1.json")
+    assert (same["device"], same["precision"]) == (faster["device"], faster["precision"])
+    assert (same["config"]["lr_factor"], faster["config"]["lr_factor"]) == (0.5, 1.0)
+    assert {k: v for k, v in same["config"].items() if k != "lr_factor"} == {
+        k: v for k, v in faster["config"].items() if k != "lr_factor"}
+    assert faster["command"] == same["command"] + " --set lr_factor=1.0"
+    assert faster["learning_curve"][0]["cased"] > same["learning_curve"][0]["cased"]  # ahead after 10 minutes...
+    assert faster["bleu"]["val"]["cased"] < same["bleu"]["val"]["cased"]  # ...behind at the end
