@@ -16,6 +16,12 @@ def _load(name: str) -> dict:
     return json.loads((ROOT / "results" / name).read_text(encoding="utf-8"))
 
 
+def _same_but(a: dict, b: dict, *keys: str) -> bool:
+    """Whether two runs' configs agree on everything but keys (and so compare one lever)."""
+    return {k: v for k, v in a["config"].items() if k not in keys} == {
+        k: v for k, v in b["config"].items() if k not in keys}
+
+
 def _check_curve(record: dict) -> None:
     curve = record["learning_curve"]
     minutes = [p["minutes"] for p in curve]
@@ -84,8 +90,7 @@ def test_the_dropout_choice_was_made_on_val_for_each_budget():
 def test_the_half_hour_keeps_its_batches_of_2000_tokens():
     half, smaller = _load("earlier/cpu_30min_default_allocator.json"), _load("ablations/cpu30_max_tokens1500.json")
     assert (half["config"]["max_tokens"], smaller["config"]["max_tokens"]) == (2000, 1500)
-    assert {k: v for k, v in half["config"].items() if k != "max_tokens"} == {
-        k: v for k, v in smaller["config"].items() if k not in ("max_tokens", "inner_dropout_from")}
+    assert _same_but(half, smaller, "max_tokens", "inner_dropout_from")
     assert half["bleu"]["val"]["cased"] > smaller["bleu"]["val"]["cased"] and "test2016" not in smaller["bleu"]
 
 
@@ -111,8 +116,7 @@ def test_the_half_hour_keeps_residual_dropout_and_the_decoding_was_chosen_on_val
 def test_the_half_hour_is_pre_norm_chosen_on_val():
     post, pre = _load("earlier/cpu_30min_post_norm.json"), _load("cpu_30min.json")
     assert (post["config"]["norm_first"], pre["config"]["norm_first"]) == (False, True)
-    assert {k: v for k, v in post["config"].items() if k != "norm_first"} == {
-        k: v for k, v in pre["config"].items() if k != "norm_first"}
+    assert _same_but(post, pre, "norm_first")
     assert pre["command"] == post["command"] + " --set norm_first=true"
     assert pre["decoding"] == post["decoding"] and pre["bleu"]["val"]["cased"] > post["bleu"]["val"]["cased"]
     assert "42.26 against 41.50" in pre["notes"]
@@ -121,11 +125,11 @@ def test_the_half_hour_is_pre_norm_chosen_on_val():
 def test_the_half_hour_keeps_three_layers_a_side_chosen_on_val_on_one_machine():
     same, shallow = _load("float32/cpu_30min_pre_norm.json"), _load("ablations/cpu30_pre_norm_enc4_dec2.json")
     assert same["command"] == _load("cpu_30min.json")["command"]  # the half hour's command, on a float32 machine
-    assert (same["device"], same["precision"]) == (shallow["device"], shallow["precision"]) == (same["device"], "float32")
+    assert (same["device"], same["precision"]) == (shallow["device"], shallow["precision"])
+    assert same["precision"] == "float32"
     layers = ("n_encoder_layers", "n_decoder_layers")
     assert [same["config"][k] for k in layers] == [3, 3] and [shallow["config"][k] for k in layers] == [4, 2]
-    assert {k: v for k, v in same["config"].items() if k not in layers} == {
-        k: v for k, v in shallow["config"].items() if k not in layers}
+    assert _same_but(same, shallow, *layers)
     assert shallow["steps"] > same["steps"]  # a cheaper step...
     assert shallow["bleu"]["val"]["cased"] < same["bleu"]["val"]["cased"]  # ...but a worse translator
     assert "test2016" not in shallow["bleu"]
@@ -135,8 +139,7 @@ def test_the_half_hour_keeps_its_learning_rate_chosen_on_val_on_one_machine():
     same, faster = _load("float32/cpu_30min_pre_norm.json"), _load("ablations/cpu30_pre_norm_lr_factor1.json")
     assert (same["device"], same["precision"]) == (faster["device"], faster["precision"])
     assert (same["config"]["lr_factor"], faster["config"]["lr_factor"]) == (0.5, 1.0)
-    assert {k: v for k, v in same["config"].items() if k != "lr_factor"} == {
-        k: v for k, v in faster["config"].items() if k != "lr_factor"}
+    assert _same_but(same, faster, "lr_factor")
     assert faster["command"] == same["command"] + " --set lr_factor=1.0"
     assert faster["learning_curve"][0]["cased"] > same["learning_curve"][0]["cased"]  # ahead after 10 minutes...
     assert faster["bleu"]["val"]["cased"] < same["bleu"]["val"]["cased"]  # ...behind at the end
