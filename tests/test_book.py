@@ -1,6 +1,7 @@
 """Static checks of the book: every page is in the table of contents, notebooks are clean and runnable on Colab."""
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,10 +41,67 @@ def test_notebook_starts_with_title_and_install_cell(path):
     assert install_cell.TAG in first_code["metadata"].get("tags", []), f"{path.name}: the install cell is shown"
 
 
-def test_release_is_one_version():
-    """The install cells pin the release that pyproject.toml names, and the package says the same version."""
+def test_version_is_one_version():
+    """The install cells name the version that pyproject.toml names, and the package says the same version."""
     init = (ROOT / "transformer_lib" / "__init__.py").read_text()
-    assert f'__version__ = "{install_cell.release()}"' in init
+    assert f'__version__ = "{install_cell.version()}"' in init
+
+
+def test_install_ref_follows_the_version():
+    """A release installs its tag; anything else installs the branch, never an older release."""
+    assert install_cell.git_ref("1.2.0") == "v1.2.0"
+    assert install_cell.git_ref("1.2.0.dev0") == install_cell.git_ref("1.2.0rc1") == "main"
+    assert f'BOOK_REF = "{install_cell.version()}", "{install_cell.git_ref()}"' in install_cell.install_source()
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+
+
+def release_problem(root: Path, version: str) -> str | None:
+    """Why notebooks of `version` would not install the library beside them, or None when they would.
+
+    A release's notebooks install its tag: the tag must exist and hold this library. Between releases the version is
+    a development version (`X.Y.Z.devN`), whose notebooks install the branch.
+    """
+    if not install_cell.is_release(version):
+        ok = re.fullmatch(r"\d+\.\d+\.\d+\.dev\d+", version)
+        return None if ok else f"{version!r} is neither a release X.Y.Z nor a development version X.Y.Z.devN"
+    tag = install_cell.git_ref(version)
+    if _git(root, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}").returncode != 0:
+        return f"pyproject.toml names release {version}, but there is no tag {tag}"
+    changed = _git(root, "diff", "--name-only", tag, "--", "transformer_lib", "pyproject.toml").stdout.split()
+    if changed:
+        return (f"the library changed since release {version} ({', '.join(changed)}), but the notebooks install {tag}: "
+                "make the version the next development version (X.Y.Z.dev0) and run `python tools/install_cell.py`")
+    return None
+
+
+def test_notebooks_install_the_library_beside_them():
+    if _git(ROOT, "rev-parse", "--git-dir").returncode != 0:
+        pytest.skip("not a git checkout: a release's tag cannot be checked here")
+    problem = release_problem(ROOT, install_cell.version())
+    assert problem is None, problem
+
+
+def test_release_check_fails_on_a_stale_or_missing_tag(tmp_path):
+    """The check above on a throwaway repository: a release without its tag, then a library changed after it."""
+    def git(*args: str) -> None:
+        done = _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", *args)
+        assert done.returncode == 0, done.stderr
+
+    (tmp_path / "transformer_lib").mkdir()
+    (tmp_path / "transformer_lib" / "model.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "release")
+    assert "no tag v1.0.0" in release_problem(tmp_path, "1.0.0")
+    git("tag", "v1.0.0")
+    assert release_problem(tmp_path, "1.0.0") is None
+    (tmp_path / "transformer_lib" / "model.py").write_text("x = 2\n")
+    assert "changed since release 1.0.0" in release_problem(tmp_path, "1.0.0")
+    assert release_problem(tmp_path, "1.0.1.dev0") is None
+    assert "neither" in release_problem(tmp_path, "1.0.1-beta")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -12,7 +12,7 @@ __all__ = ['DataError', 'load_multi30k', 'multi30k_dir', 'BPETokenizer', 'multi3
            'DecoderOnlyConfig', 'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
 
 # %% ../book/api.ipynb #54a8c7ab
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 from .data import DataError, load_multi30k, multi30k_dir
 from .tokenizer import BPETokenizer, multi30k_tokenizer
