@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: book test env export check-export html execute bench clean
+.PHONY: book test colab env export check-export html execute bench clean
 
 ## Set up the environment and build the book into _build/html.
 book: env html
@@ -26,6 +26,13 @@ test: env
 	@echo "== every notebook again, math kernels on another path: $(OTHER_KERNELS)"
 	$(OTHER_KERNELS) $(PY) -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
 	$(OTHER_KERNELS) $(PYTEST) $(NBVAL) book
+	$(MAKE) colab
+
+## Chapters as a Colab reader first runs them: each notebook alone in an empty folder, in a fresh Python holding
+## only torch, numpy, matplotlib and ipykernel, its set-up cell cloning the repository (served from this commit).
+COLAB_NOTEBOOKS ?= book/01_tokens.ipynb book/10_transformer.ipynb book/13_translator.ipynb
+colab: env
+	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) tools/colab_run.py --torch "$(TORCH_SPEC)" $(COLAB_NOTEBOOKS)
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)

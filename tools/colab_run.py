@@ -1,0 +1,137 @@
+"""Run chosen notebooks as a Colab reader first does: each copied alone into an empty folder, in a fresh Python that
+has only what Colab has before the first cell (torch, numpy, matplotlib, ipykernel), its set-up cell active.
+
+    python tools/colab_run.py book/01_tokens.ipynb book/10_transformer.ipynb book/13_translator.ipynb
+
+The set-up cell clones the repository from its public URL; here git rewrites that URL to a local copy of the
+commit under test (the working tree's tracked files, uncommitted changes included), so nothing leaves the machine
+and the cell runs unchanged. A notebook passes when every cell runs without an error, the set-up cell worked in
+a copy of the repository, and the library it installed is the one in this working tree.
+"""
+import argparse
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import install_cell  # noqa: E402
+
+COLAB_PACKAGES = ["numpy", "matplotlib", "ipykernel"]  # beside torch, what a Colab runtime has that we need
+KERNEL = "colab-like"
+
+
+def run(*args: str | Path, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], check=True, **kwargs)
+
+
+def commit_under_test() -> str:
+    """A commit of the working tree's tracked files: HEAD, plus uncommitted changes when there are some."""
+    stash = run("git", "stash", "create", cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return stash or run("git", "rev-parse", "HEAD", cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def serve_repository(work: Path) -> Path:
+    """A bare repository whose BOOK_REF is the commit under test, and a git configuration that sends the
+    repository URL there. Returns the configuration file (for GIT_CONFIG_GLOBAL)."""
+    mirror = work / "repository.git"
+    run("git", "init", "-q", "--bare", mirror)
+    ref = install_cell.git_ref()
+    target = f"refs/tags/{ref}" if install_cell.is_release(install_cell.version()) else f"refs/heads/{ref}"
+    run("git", "push", "-q", mirror, f"{commit_under_test()}:{target}", cwd=ROOT)
+    config = work / "gitconfig"
+    config.write_text(f'[url "file://{mirror}"]\n\tinsteadOf = {install_cell.repository_url()}\n'
+                      "[advice]\n\tdetachedHead = false\n")
+    return config
+
+
+def fresh_python(work: Path, torch_spec: str) -> Path:
+    """A new virtual environment with torch and Colab's other preinstalled packages."""
+    venv = work / "venv"
+    run(sys.executable, "-m", "venv", venv)
+    run(venv / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, *COLAB_PACKAGES)
+    return venv
+
+
+def runtime_for(notebook: Path, venv: Path, work: Path) -> tuple[Path, str]:
+    """A copy of the fresh environment for one notebook (Colab gives each notebook a runtime of its own), registered
+    as a kernel; its python and the kernel's name."""
+    copy = work / f"venv-{notebook.stem}"
+    shutil.copytree(venv, copy, symlinks=True)
+    name = f"{KERNEL}-{notebook.stem}".lower().replace("_", "-")
+    run(copy / "bin" / "python", "-m", "ipykernel", "install", "--prefix", work / "jupyter", "--name", name,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return copy / "bin" / "python", name
+
+
+def execute_alone(notebook: str, work: str) -> str:
+    """Execute one notebook copied alone into an empty folder, in its own runtime; say what happened."""
+    source, work_dir = Path(notebook), Path(work)
+    python, kernel = runtime_for(source, work_dir / "venv", work_dir)
+    folder = work_dir / f"alone-{source.stem}"
+    folder.mkdir()
+    shutil.copy(ROOT / source, folder / source.name)
+    os.environ["TRANSFORMER_LIB_CACHE"] = str(folder / "cache")  # the kernel's own cache, as in a new runtime
+    nb = nbformat.read(folder / source.name, as_version=4)
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=1200, kernel_name=kernel, resources={"metadata": {"path": str(folder)}}).execute()
+    nbformat.write(nb, folder / source.name)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    said = "".join(o.get("text", "") for o in first.outputs if o.output_type == "stream")
+    if "Working in transformer-book/book" not in said:
+        raise RuntimeError(f"{source.name}: the set-up cell did not work in a copy of the repository: {said!r}")
+    if not (folder / "transformer-book" / "results").is_dir():
+        raise RuntimeError(f"{source.name}: no results/ in the notebook's copy of the repository")
+    differ = same_files(installed_library(python), ROOT / "transformer_lib")
+    if differ:
+        raise RuntimeError(f"{source.name}: the set-up cell installed another transformer_lib than this working "
+                           f"tree's: {differ}")
+    return f"{source.name}: every cell ran and the installed library is this working tree's ({time.perf_counter() - start:.0f} s)"
+
+
+def installed_library(python: Path) -> Path:
+    """The folder of the transformer_lib that the fresh Python imports."""
+    code = "import pathlib, transformer_lib; print(pathlib.Path(transformer_lib.__file__).parent)"
+    return Path(run(python, "-c", code, capture_output=True, text=True, cwd="/").stdout.strip())
+
+
+def same_files(a: Path, b: Path) -> list[str]:
+    """The .py files that differ between two package folders, or exist in one only."""
+    names = {p.name for p in a.glob("*.py")} | {p.name for p in b.glob("*.py")}
+    return sorted(n for n in names if not ((a / n).exists() and (b / n).exists()
+                                           and filecmp.cmp(a / n, b / n, shallow=False)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="+")
+    parser.add_argument("--work", type=Path, default=ROOT / "_build" / "colab-like", help="a folder to start afresh")
+    parser.add_argument("--torch", default=os.environ.get("TORCH_SPEC", "torch==2.13.0"), help="pip's torch spec")
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks at once")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    work = args.work.resolve()
+    fresh_python(work, args.torch)
+    print(f"fresh Python with {args.torch} and {', '.join(COLAB_PACKAGES)} ({time.perf_counter() - start:.0f} s)")
+    # The kernels see what a Colab runtime would: no repository on the path, the public URL served locally.
+    for name in ("PYTHONPATH", "VIRTUAL_ENV"):
+        os.environ.pop(name, None)
+    os.environ.update(GIT_CONFIG_GLOBAL=str(serve_repository(work)), JUPYTER_PATH=str(work / "jupyter" / "share" / "jupyter"))
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for line in pool.map(execute_alone, args.notebooks, [str(work)] * len(args.notebooks)):
+            print(line)
+    print(f"done in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
