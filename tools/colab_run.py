@@ -35,7 +35,8 @@ def run(*args: str | Path, **kwargs) -> subprocess.CompletedProcess:
 
 def commit_under_test() -> str:
     """A commit of the working tree's tracked files: HEAD, plus uncommitted changes when there are some."""
-    stash = run("git", "-c", "user.name=colab-run", "-c", "user.email=colab-run@localhost", "stash", "create", cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    identity = ["-c", "user.name=colab-run", "-c", "user.email=colab-run@localhost"]  # CI may have none
+    stash = run("git", *identity, "stash", "create", cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return stash or run("git", "rev-parse", "HEAD", cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
