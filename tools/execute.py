@@ -2,9 +2,11 @@
 
 --keep-run-outputs serves a notebook whose stored outputs come from a run that cannot be repeated here (chapter 13's
 hour of training): it executes the notebook as usual (at whatever preset the environment names), then gives every
-code cell whose source is unchanged, and that is tagged nbval-ignore-output or shows a figure, HTML or Markdown, the
-outputs it had before, and numbers the execution counts 1..n in order.
+code cell whose source is unchanged since the last commit, and that is tagged nbval-ignore-output or shows a figure,
+HTML or Markdown, the outputs it had there, and numbers the execution counts 1..n in order. (The last commit, not
+the file on disk: a cell edited since then holds outputs of its old code, which must not come back.)
 """
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,10 +43,16 @@ def keep_run_outputs(before, after) -> int:
     return kept
 
 
+def committed(path: Path):
+    """The notebook as the last commit holds it, or as it is on disk outside a git checkout or when it is new."""
+    shown = subprocess.run(["git", "-C", str(path.parent), "show", f"HEAD:./{path.name}"], capture_output=True, text=True)
+    return nbformat.reads(shown.stdout, as_version=4) if shown.returncode == 0 else nbformat.read(path, as_version=4)
+
+
 def execute(path: Path, timeout: int = 3600, keep_run: bool = False) -> None:
     """Execute one notebook in place, with its own folder as the working directory."""
     nb = nbformat.read(path, as_version=4)
-    before = nbformat.read(path, as_version=4)
+    before = committed(path) if keep_run else None
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     if keep_run:
         print(f"kept the stored outputs of {keep_run_outputs(before, nb)} cells")
