@@ -131,3 +131,11 @@ def test_compared_outputs_travel(path):
             text = json.dumps(out.get("text", "")) + json.dumps(out.get("data", {}).get("text/plain", ""))
             noise = FLOAT_NOISE.search(text)
             assert not noise, f"{path.name}, code cell {i}: compares {noise.group(0)}, which another CPU prints otherwise"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_nbdev_directive_cells_are_hidden(path):
+    """A cell that only tells nbdev where to export (#| default_exp) is not for readers."""
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code" and "".join(cell["source"]).startswith("#| default_exp"):
+            assert "remove-cell" in cell["metadata"].get("tags", []), f"{path.name}: tag its default_exp cell remove-cell"

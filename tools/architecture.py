@@ -1,9 +1,10 @@
 """Draw the book's architecture figures with matplotlib and write them as SVG into book/figures/.
 
 The figures are code, not copied images: the encoder-decoder Transformer of the paper's Figure 1 with every box
-labelled by the chapter and the transformer_lib class that builds it, one copy per model chapter with that
-chapter's part highlighted, and three wiring diagrams (post-LN vs pre-LN, the encoder memory feeding every
-decoder layer, the key/value cache). The SVG output is byte-identical from run to run (fixed hash salt, no
+labelled by the chapter and the transformer_lib class that builds it, one copy per chapter from 5 to 14 (not
+11a, 11b) that shows where the chapter works, three wiring diagrams (post-LN vs pre-LN, the encoder memory feeding
+every decoder layer, the key/value cache) and four pictures of ideas (queries, keys and values through attention;
+splitting into heads and merging back; teacher forcing; a beam search tree). The SVG output is byte-identical from run to run (fixed hash salt, no
 date), and tests/test_figures.py regenerates it and compares it with the committed files.
 
     python tools/architecture.py            # rewrite book/figures/*.svg
@@ -148,7 +149,10 @@ def _column(x: float, y: float, spec: list[tuple[str, int, str, str]]) -> list[P
 
 
 def architecture(chapter: int | None = None) -> Figure:
-    """The encoder-decoder Transformer; with `chapter`, what that chapter builds is highlighted and the rest greyed."""
+    """The encoder-decoder Transformer; with `chapter`, what that chapter builds is highlighted and the rest greyed.
+
+    Chapters 5 and 6 build what is inside the attention boxes; chapters 11-14 use the whole model, which they show
+    complete, with their tag on the output."""
     fig, ax = _new_axes(W, H)
     y_embed = 0.85
     embed_l = Part(XL, y_embed, BW, BH, "Token embedding × √D", 3, "TokenEmbedding", "embed")
@@ -177,17 +181,21 @@ def architecture(chapter: int | None = None) -> Figure:
                   "ch. 10 · sizes from TransformerConfig")
 
     # What each chapter builds: its own boxes, and for 8 and 9 the stack they assemble around ch. 6-7 parts.
+    focus = 6 if chapter == 5 else chapter  # chapter 5's attention function is what chapter 6's boxes compute
+    whole = chapter is not None and chapter >= 11  # chapters that train, decode and extend the finished model
+
     def built_in(c: int) -> bool:
-        return chapter is None or c == chapter
+        return chapter is None or whole or c == focus
 
     def part_active(p: Part, frames: list[Frame]) -> bool:
         return built_in(p.chapter) or any(built_in(f.chapter) and f.chapter in (8, 9) for f in frames)
 
     def mark(p: Part, frames: list[Frame]) -> bool:
-        return chapter is not None and p.chapter == chapter
+        return chapter is not None and not whole and p.chapter == focus
 
     for frame in (model, enc_stack, enc_layer, dec_stack, dec_layer):
-        _frame(ax, frame, built_in(frame.chapter), chapter is not None and frame.chapter == chapter)
+        _frame(ax, frame, built_in(frame.chapter), chapter is not None and (frame.chapter == focus
+                                                                              or (whole and frame is model)))
     for p in (embed_l, embed_r, pos_l, pos_r, gen):
         _box(ax, p, part_active(p, []), mark(p, []))
     for p in enc:
@@ -197,7 +205,7 @@ def architecture(chapter: int | None = None) -> Figure:
 
     # Data flow, bottom to top. The wiring around the stacks is chapter 10's; inside them, chapters 8 and 9's.
     outer_on, enc_on, dec_on = built_in(10), built_in(8), built_in(9)
-    memory_on = chapter in (None, 8, 9, 10)
+    memory_on = chapter in (None, 8, 9, 10) or whole
     outer_ink = INK if outer_on else GREY_INK
     ax.text(XL, 0.3, "source ids (B, S)", ha="center", va="center", fontsize=TITLE_SIZE, color=outer_ink)
     ax.text(XR, 0.3, "target ids, shifted right (B, T)", ha="center", va="center", fontsize=TITLE_SIZE,
@@ -240,15 +248,20 @@ def architecture(chapter: int | None = None) -> Figure:
         ax.text(0.45, top - 1.05, "N = 6 layers per stack in the paper's\nbase model, each with its own weights.",
                 ha="left", va="top", fontsize=SUB_SIZE + 1, color=INK, linespacing=1.4)
     else:
-        targets = {7: (enc[2].x - BW / 2 + 0.4, enc[-1].y + BH + 0.02), 8: (enc_stack.x0 + 1.2, enc_stack.y1),
-                   9: (dec_stack.x0, dec_stack.y1 - 0.9), 10: (gen.x - BW / 2, gen.y + BH / 2)}
-        texts = {7: "chapter 7: feed-forward,\nresiduals, add & norm", 8: "chapter 8: the encoder",
-                 9: "chapter 9: the decoder", 10: "chapter 10: the generator\nand the whole model"}
+        output = (gen.x - BW / 2, gen.y + BH / 2)
+        targets = {5: (enc[0].x - BW / 2 + 0.4, enc[0].y + BH), 6: (enc[0].x - BW / 2 + 0.4, enc[0].y + BH),
+                   7: (enc[2].x - BW / 2 + 0.4, enc[-1].y + BH + 0.02), 8: (enc_stack.x0 + 1.2, enc_stack.y1),
+                   9: (dec_stack.x0, dec_stack.y1 - 0.9), 10: output, 11: output, 12: output, 13: output, 14: output}
+        texts = {5: "chapter 5: attention, the\nfunction in these boxes", 6: "chapter 6: multi-head\nattention",
+                 7: "chapter 7: feed-forward,\nresiduals, add & norm", 8: "chapter 8: the encoder",
+                 9: "chapter 9: the decoder", 10: "chapter 10: the generator\nand the whole model",
+                 11: "chapter 11: training\nthe whole model", 12: "chapter 12: decoding,\none token at a time",
+                 13: "chapter 13: the trained\ntranslator", 14: "chapter 14: beyond\nthe paper"}
         ax.text(0.45, top, "You are here", ha="left", va="top", fontsize=TITLE_SIZE + 1, color=HIGHLIGHT,
                 fontweight="bold")
-        ax.text(0.45, top - 0.32, "(grey: built in other chapters)", ha="left", va="top", fontsize=SUB_SIZE + 1,
-                color=GREY_INK)
-        _tag(ax, 0.55, top - 1.05, texts[chapter], targets[chapter], bend=0.15 if chapter == 10 else -0.2)
+        ax.text(0.45, top - 0.32, "(the model of chapters 3-10)" if whole else "(grey: built in other chapters)",
+                ha="left", va="top", fontsize=SUB_SIZE + 1, color=GREY_INK)
+        _tag(ax, 0.55, top - 1.05, texts[chapter], targets[chapter], bend=0.15 if chapter >= 10 else -0.2)
     return fig
 
 
@@ -434,15 +447,205 @@ def kv_cache() -> Figure:
 
 # ----------------------------------------------------------------------------------------------------------------
 
+# ----------------------------------------------------------------------------------------------------------------
+# Chapter 11: teacher forcing
+
+
+def _token(ax: plt.Axes, x: float, y: float, text: str, kind: str, w: float = 0.82, h: float = 0.42) -> None:
+    """One token in a small box."""
+    ax.add_patch(FancyBboxPatch((x - w / 2, y), w, h, boxstyle="round,pad=0,rounding_size=0.06", facecolor=FILL[kind],
+                                edgecolor=INK, linewidth=0.9, zorder=3))
+    ax.text(x, y + h / 2, text, ha="center", va="center", fontsize=SUB_SIZE + 1, color=INK, zorder=4)
+
+
+def teacher_forcing() -> Figure:
+    """One target sentence as the decoder's input (shifted right) and as its labels (shifted left), in one pass."""
+    fig, ax = _new_axes(9.2, 4.9)
+    words = ["A", "man", "rides", "a", "horse", "."]
+    inputs, labels = ["<bos>", *words], [*words, "<eos>"]
+    x0, dx = 1.9, 1.0
+    xs = [x0 + i * dx for i in range(len(inputs))]
+    ax.text(0.25, 0.62, "tgt_in  (B, T)", ha="left", va="center", fontsize=SUB_SIZE + 1, color=INK, style="italic")
+    ax.text(0.25, 0.34, "decoder input", ha="left", va="center", fontsize=SUB_SIZE, color="#555555")
+    ax.text(0.25, 3.92, "tgt_out  (B, T)", ha="left", va="center", fontsize=SUB_SIZE + 1, color=INK, style="italic")
+    ax.text(0.25, 3.64, "labels", ha="left", va="center", fontsize=SUB_SIZE, color="#555555")
+    for i, (x, token_in, token_out) in enumerate(zip(xs, inputs, labels, strict=True)):
+        _token(ax, x, 0.4, token_in, "embed")
+        _token(ax, x, 3.57, token_out, "out")
+        _arrow(ax, [(x, 0.82), (x, 1.3)], width=0.9)
+        _arrow(ax, [(x, 2.55), (x, 3.57)], width=0.9)
+        ax.text(x + 0.06, 3.06, f"p(y{i + 1} | y<{i + 1})" if i < len(words) else "p(<eos> | y)", ha="left",
+                va="center", fontsize=SUB_SIZE - 1, color="#555555", rotation=90)
+    ax.add_patch(FancyBboxPatch((xs[0] - 0.5, 1.3), xs[-1] - xs[0] + 1.0, 1.25, boxstyle="round,pad=0,rounding_size=0.1",
+                                facecolor=FILL["layer"], edgecolor=INK, linewidth=1.0, zorder=1))
+    ax.text((xs[0] + xs[-1]) / 2, 2.12, "decoder + generator, all T positions in one pass", ha="center",
+            va="center", fontsize=TITLE_SIZE, color=INK)
+    ax.text((xs[0] + xs[-1]) / 2, 1.7, "causal mask: position t reads tgt_in[0..t] only", ha="center",
+            va="center", fontsize=SUB_SIZE + 1, color=INK, style="italic")
+    ax.text(4.6, 4.6, "the same sentence twice: shifted right as input, shifted left as labels",
+            ha="center", va="center", fontsize=TITLE_SIZE, color=INK, fontweight="bold")
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chapter 6: splitting into heads and merging back
+
+
+def heads_split_merge() -> Figure:
+    """The width D cut into H slices of Dh, attention per slice, the slices put side by side again, then W^O."""
+    fig, ax = _new_axes(9.6, 4.9)
+    colors = ["#fbd5a5", "#bcdcf3", "#c9e8c1", "#f6c9d3"]
+    H, slice_w, bar_h, head_h = 4, 0.5, 0.9, 0.5
+    mid_y = 2.45  # the vertical middle of the bars
+
+    def bar(x: float, label: str) -> None:
+        for h in range(H):
+            ax.add_patch(Rectangle((x + h * slice_w, mid_y - bar_h / 2), slice_w, bar_h, facecolor=colors[h],
+                                   edgecolor=INK, linewidth=0.9))
+            ax.text(x + (h + 0.5) * slice_w, mid_y, "Dh", ha="center", va="center", fontsize=SUB_SIZE, color=INK)
+        ax.text(x + H * slice_w / 2, mid_y + bar_h / 2 + 0.3, label, ha="center", va="center", fontsize=TITLE_SIZE,
+                color=INK)
+
+    left, heads_x, right = 0.35, 3.35, 7.35
+    bar(left, "q_proj(x)  (B, T, D)")
+    ax.text(left + H * slice_w / 2, mid_y - bar_h / 2 - 0.25, "D = H · Dh", ha="center", va="center",
+            fontsize=SUB_SIZE + 1, color=INK)
+    ax.text((heads_x + 0.25 + 6.6) / 2, 4.55, "(B, H, T, Dh): one attention per head", ha="center", va="center",
+            fontsize=TITLE_SIZE, color=INK)
+    for h in range(H):
+        y = 3.7 - h * 0.85  # bottom of head h's row
+        for x in (heads_x, 6.35):
+            ax.add_patch(Rectangle((x, y), slice_w, head_h, facecolor=colors[h], edgecolor=INK, linewidth=0.9))
+        ax.text(heads_x + slice_w + 0.12, y + head_h / 2 + 0.02, f"head {h + 1}: softmax(q kᵀ / √Dh) v", ha="left",
+                va="center", fontsize=SUB_SIZE, color=INK)
+        _arrow(ax, [(left + H * slice_w + 0.05, mid_y), (heads_x - 0.05, y + head_h / 2)], width=0.8)
+        _arrow(ax, [(6.35 + slice_w + 0.05, y + head_h / 2), (right - 0.05, mid_y)], width=0.8)
+    bar(right, "merged  (B, T, D)")
+    ax.text(1.5, 1.35, "split", ha="center", va="center", fontsize=TITLE_SIZE, color=INK, style="italic")
+    ax.text(right + H * slice_w / 2, 1.35, "merge, then out_proj:", ha="center", va="center", fontsize=TITLE_SIZE,
+            color=INK, style="italic")
+    ax.text(right + H * slice_w / 2, 1.05, "$W^O$ mixes the heads", ha="center", va="center", fontsize=SUB_SIZE + 1,
+            color=INK, style="italic")
+    ax.text(0.35, 0.6, 'split: rearrange(q, "b t (h d) -> b h t d", h=H), the same for keys and values', ha="left",
+            va="center", fontsize=SUB_SIZE, color="#555555", family="monospace")
+    ax.text(0.35, 0.3, 'merge: rearrange(o, "b h t d -> b t (h d)"); neither adds a weight', ha="left",
+            va="center", fontsize=SUB_SIZE, color="#555555", family="monospace")
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chapter 12: a beam search tree
+
+
+def beam_tree() -> Figure:
+    """Beam search with K = 2: each kept prefix is extended, the K best prefixes overall survive, the rest are pruned."""
+    fig, ax = _new_axes(9.8, 5.6)
+    # (step, token, cumulative log p, parent index in the previous step's list, kept)
+    steps = [
+        [("A", -0.4, 0, True), ("The", -1.3, 0, True), ("Two", -2.5, 0, False)],
+        [("man", -0.9, 0, True), ("woman", -1.6, 0, True), ("dog", -2.0, 0, False),
+         ("man", -1.8, 1, False), ("boy", -2.2, 1, False), ("dog", -2.6, 1, False)],
+        [("rides", -1.5, 0, True), ("is", -1.7, 0, True), ("<eos>", -3.0, 0, False),
+         ("rides", -2.4, 1, False), ("is", -2.6, 1, False), ("sits", -3.1, 1, False)],
+    ]
+    xs, top, bottom = [2.55, 4.75, 6.95], 4.7, 0.75
+    root = (0.75, (top + bottom) / 2)
+    _token(ax, root[0], root[1] - 0.21, "<bos>", "embed")
+    positions: list[list[tuple[float, float]]] = [[root]]
+    kept_before = [0]  # which nodes of the previous step were kept, in order: a child's parent index counts those
+    for step, (x, nodes) in enumerate(zip(xs, steps, strict=True)):
+        ys = [top - i * (top - bottom) / max(len(nodes) - 1, 1) for i in range(len(nodes))]
+        here = []
+        for (token, score, parent, kept), y in zip(nodes, ys, strict=True):
+            px, py = positions[-1][kept_before[parent]]
+            edge_on = kept
+            ax.plot([px + 0.41, x - 0.41], [py, y], color=INK if edge_on else GREY_EDGE, linewidth=1.0 if edge_on else 0.8,
+                    linestyle="-" if edge_on else "--", zorder=2)
+            ax.add_patch(FancyBboxPatch((x - 0.41, y - 0.21), 0.82, 0.42, boxstyle="round,pad=0,rounding_size=0.06",
+                                        facecolor=FILL["attn"] if kept else GREY_FILL, edgecolor=INK if kept else GREY_EDGE,
+                                        linewidth=1.6 if kept else 0.8, zorder=3))
+            ax.text(x, y, token, ha="center", va="center", fontsize=SUB_SIZE + 1, color=INK if kept else GREY_INK,
+                    zorder=4)
+            ax.text(x, y - 0.33, f"{score:.1f}", ha="center", va="center", fontsize=SUB_SIZE,
+                    color=INK if kept else GREY_INK, zorder=4)
+            here.append((x, y))
+        kept_before = [i for i, node in enumerate(nodes) if node[3]]
+        positions.append(here)
+        ax.text(x, top + 0.55, f"step {step + 1}", ha="center", va="center", fontsize=TITLE_SIZE, color=INK,
+                fontweight="bold")
+    ax.text(8.0, 4.7, "kept: the K = 2 best\nprefixes of the step", ha="left", va="center", fontsize=SUB_SIZE + 1,
+            color=INK, linespacing=1.4)
+    ax.text(8.0, 3.75, "grey: pruned", ha="left", va="center", fontsize=SUB_SIZE + 1, color=GREY_INK)
+    ax.text(8.0, 3.1, "under each: log p\nof the whole prefix", ha="left", va="center", fontsize=SUB_SIZE + 1,
+            color=INK, linespacing=1.4)
+    ax.text(4.7, 0.2, "Each kept prefix is extended by every token (three drawn here); all K · V candidates compete, and the "
+            "best K go on.", ha="center", va="center", fontsize=SUB_SIZE, color="#555555", style="italic")
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chapter 5: queries, keys and values through attention
+
+
+def _step(ax: plt.Axes, x: float, y: float, w: float, title: str, shape: str, kind: str, h: float = 0.8) -> Part:
+    """A box with what it holds on top and its shape below."""
+    part = Part(x, y, w, h, title, 5, "", kind)
+    ax.add_patch(FancyBboxPatch((x - w / 2, y), w, h, boxstyle="round,pad=0,rounding_size=0.08", facecolor=FILL[kind],
+                                edgecolor=INK, linewidth=1.0, zorder=3))
+    ax.text(x, y + h * 0.66, title, ha="center", va="center", fontsize=TITLE_SIZE - 1, color=INK, zorder=4)
+    ax.text(x, y + h * 0.28, shape, ha="center", va="center", fontsize=SUB_SIZE, color=INK, style="italic", zorder=4)
+    return part
+
+
+def qkv_attention() -> Figure:
+    """Eq. 1 as a flow of tensors: queries meet keys in the scores, the mask and softmax make weights, weights mix values."""
+    fig, ax = _new_axes(9.8, 4.4)
+    q = _step(ax, 0.95, 2.9, 1.5, "queries Q", "(..., T, Dk)", "embed")
+    k = _step(ax, 0.95, 1.65, 1.5, "keys K", "(..., S, Dk)", "embed")
+    v = _step(ax, 0.95, 0.4, 1.5, "values V", "(..., S, Dv)", "embed")
+    scores = _step(ax, 3.05, 2.3, 1.9, "Q Kᵀ / √Dk", "scores (..., T, S)", "attn")
+    masked = _step(ax, 5.1, 2.3, 1.6, "mask: −∞ where", "not allowed", "norm")
+    weights = _step(ax, 7.05, 2.3, 1.7, "softmax over S", "weights (..., T, S)", "attn")
+    out = _step(ax, 8.85, 0.4, 1.6, "weights · V", "output (..., T, Dv)", "out")
+    _arrow(ax, [(q.x + q.w / 2, q.y + q.h / 2), (1.95, q.y + q.h / 2), (1.95, scores.y + 0.55),
+                (scores.x - scores.w / 2, scores.y + 0.55)])
+    _arrow(ax, [(k.x + k.w / 2, k.y + k.h / 2), (1.95, k.y + k.h / 2), (1.95, scores.y + 0.25),
+                (scores.x - scores.w / 2, scores.y + 0.25)])
+    _arrow(ax, [(scores.x + scores.w / 2, scores.y + 0.4), (masked.x - masked.w / 2, masked.y + 0.4)])
+    _arrow(ax, [(masked.x + masked.w / 2, masked.y + 0.4), (weights.x - weights.w / 2, weights.y + 0.4)])
+    _arrow(ax, [(weights.x + weights.w / 2 - 0.2, weights.y), (weights.x + weights.w / 2 - 0.2, 1.45),
+                (out.x - 0.3, 1.45), (out.x - 0.3, out.y + out.h)])
+    _arrow(ax, [(v.x + v.w / 2, v.y + v.h / 2), (out.x - out.w / 2, out.y + out.h / 2)])
+    ax.text(3.05, 3.4, "one score for each query-key pair", ha="center", va="center", fontsize=SUB_SIZE,
+            color="#555555", style="italic")
+    ax.text(7.05, 3.4, "each row sums to 1", ha="center", va="center", fontsize=SUB_SIZE, color="#555555",
+            style="italic")
+    ax.text(4.6, 1.05, "each output row: a weighted average of the value rows", ha="center", va="center",
+            fontsize=SUB_SIZE, color="#555555", style="italic")
+    ax.text(4.9, 4.1, "softmax(Q Kᵀ / √Dk) V  (Eq. 1): T queries read S keys and values", ha="center", va="center",
+            fontsize=TITLE_SIZE, color=INK, fontweight="bold")
+    return fig
+
+
 FIGURE_BUILDERS: dict[str, Callable[[], Figure]] = {
     "architecture": architecture,
+    "architecture_ch05": lambda: architecture(5),
+    "architecture_ch06": lambda: architecture(6),
     "architecture_ch07": lambda: architecture(7),
     "architecture_ch08": lambda: architecture(8),
     "architecture_ch09": lambda: architecture(9),
     "architecture_ch10": lambda: architecture(10),
+    "architecture_ch11": lambda: architecture(11),
+    "architecture_ch12": lambda: architecture(12),
+    "architecture_ch13": lambda: architecture(13),
+    "architecture_ch14": lambda: architecture(14),
     "post_pre_ln": post_pre_ln,
     "memory_flow": memory_flow,
     "kv_cache": kv_cache,
+    "teacher_forcing": teacher_forcing,
+    "heads_split_merge": heads_split_merge,
+    "beam_tree": beam_tree,
+    "qkv_attention": qkv_attention,
 }
 
 
