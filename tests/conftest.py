@@ -1,4 +1,8 @@
 """Shared test settings and fixtures."""
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -17,3 +21,18 @@ def small_tokenizer(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=400).save(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def book_definition():
+    """define(notebook, name, **names): run the code cell of book/notebook that defines `name` (a class or function the
+    chapter teaches and the library does not export) in a namespace holding `names`, and return the definition."""
+
+    def define(notebook: str, name: str, **names):
+        cells = json.loads((Path(__file__).parents[1] / "book" / notebook).read_text(encoding="utf-8"))["cells"]
+        sources = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+        namespace = dict(names)
+        exec(next(s for s in sources if re.match(rf"(class|def) {name}\b", s)), namespace)
+        return namespace[name]
+
+    return define

@@ -371,51 +371,6 @@ def test_cache_reorder_selects_batch_rows():
     expected, _ = mha(direct, direct, causal_mask(5))
     torch.testing.assert_close(out, expected[:, -1:], atol=ATOL, rtol=0)
 
-@FAST
-@given(group=st.integers(1, 4), n_groups=st.integers(0, 3), extra=st.lists(st.integers(0, 3), max_size=4),
-       T=st.integers(1, 3), seed=st.integers(0, 2**16))
-@pytest.mark.parametrize("use_sdpa", [True, False])
-def test_a_shared_static_cache_equals_a_copy_per_query_row(use_sdpa, group, n_groups, extra, T, seed):
-    torch.manual_seed(seed)
-    mha = MultiHeadAttention(16, 4, use_sdpa=use_sdpa).eval()
-    B = 4  # cached rows (sentences); the groups read the first n_groups, `extra` may name any of them
-    memory = torch.randn(B, 6, 16)  # (B, S, D)
-    memory_mask = _lengths_mask([6, 3, 1, 5], 6)  # (B, 1, 1, S)
-    shared, copies = KVCache(static=True), KVCache(static=True)
-    mha(memory[:, :1], memory, memory_mask, cache=shared)
-    mha(memory[:, :1], memory, memory_mask, cache=copies)
-    assert shared.share(group, n_groups, torch.tensor(extra, dtype=torch.long)) is shared and shared.shared
-    rows = shared.query_rows()  # (R,)
-    assert rows.tolist() == [a for a in range(n_groups) for _ in range(group)] + extra
-    y = torch.randn(rows.numel(), T, 16)  # (R, T, D)
-    out, weights = mha(y, torch.zeros_like(memory), memory_mask, cache=shared, need_weights=not use_sdpa)
-    copies.reorder(rows)
-    expected, expected_weights = mha(y, memory[rows], memory_mask[rows], cache=copies, need_weights=not use_sdpa)
-    assert out.shape == (rows.numel(), T, 16)
-    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
-    if not use_sdpa:
-        torch.testing.assert_close(weights, expected_weights, atol=ATOL, rtol=0)
-
-
-def test_sharing_is_for_static_caches_and_checks_the_rows():
-    torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2).eval()
-    with pytest.raises(ValueError, match="only a static cache"):
-        KVCache().share(2)
-    with pytest.raises(ValueError, match="at least 1"):
-        KVCache(static=True).share(0)
-    cache = KVCache(static=True)
-    memory = torch.randn(2, 5, 8)  # (B, S, D)
-    mha(memory[:, :1], memory, cache=cache)
-    assert not cache.shared
-    cache.share(3)  # every cached row read by 3 query rows: 6 of them
-    assert cache.query_rows().tolist() == [0, 0, 0, 1, 1, 1]
-    assert mha(torch.randn(6, 1, 8), memory, cache=cache)[0].shape == (6, 1, 8)
-    with pytest.raises(ValueError, match="serves 6 query rows, got 4"):
-        mha(torch.randn(4, 1, 8), memory, cache=cache)
-
-
-
 @pytest.mark.parametrize("use_sdpa", [True, False])
 @pytest.mark.parametrize("training", [False, True])
 def test_is_causal_equals_the_causal_mask(use_sdpa, training):

@@ -1,6 +1,7 @@
-"""Decoding (chapter 12): the cache changes nothing but speed; beam search is greedy at K=1, makes the choices of a
-plainly written beam search, and is exhaustive when the beam holds every hypothesis; include_greedy adds greedy's
-hypothesis; sampling is reproducible and top-1 sampling is greedy."""
+"""Decoding (chapter 12): the cache changes nothing but speed; beam search's shared memory cache equals a copy per
+beam; beam search is greedy at K=1, makes the choices of a plainly written beam search (ours and the book's), and is
+exhaustive when the beam holds every hypothesis; include_greedy adds greedy's hypothesis; sampling is reproducible and
+top-1 sampling is greedy."""
 import copy
 import functools
 import itertools
@@ -10,7 +11,9 @@ import torch
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from transformer_lib.attention import KVCache, MultiHeadAttention, padding_mask
 from transformer_lib.decoding import (
+    BeamMemoryCache,
     beam_search,
     evaluating,
     greedy_decode,
@@ -23,6 +26,7 @@ from transformer_lib.decoding import (
 from transformer_lib.model import Transformer, TransformerConfig
 
 torch.set_num_threads(1)
+ATOL = 1e-5
 
 
 def random_model(seed: int, vocab_size: int = 30, max_len: int = 40) -> Transformer:
@@ -98,6 +102,50 @@ def test_output_budget():
         output_budget(model, torch.zeros(2, 5, dtype=torch.long), 41)
 
 
+@settings(max_examples=20, deadline=None)
+@given(group=st.integers(1, 4), n_groups=st.integers(0, 3), extra=st.lists(st.integers(0, 3), max_size=4),
+       T=st.integers(1, 3), seed=st.integers(0, 2**16))
+@pytest.mark.parametrize("use_sdpa, need_weights", [(True, False), (True, True), (False, False)])
+def test_the_beam_memory_cache_equals_a_copy_per_query_row(use_sdpa, need_weights, group, n_groups, extra, T, seed):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(16, 4, use_sdpa=use_sdpa).eval()
+    B = 4  # cached rows (sentences); the groups read the first n_groups, `extra` may name any of them
+    memory = torch.randn(B, 6, 16)  # (B, S, D)
+    ids = torch.tensor([[5] * n + [0] * (6 - n) for n in (6, 3, 1, 5)])  # (B, S): right-padded
+    memory_mask = padding_mask(ids)  # (B, 1, 1, S)
+    shared, copies = BeamMemoryCache(), KVCache(static=True)
+    mha(memory[:, :1], memory, memory_mask, cache=shared)
+    mha(memory[:, :1], memory, memory_mask, cache=copies)
+    assert shared.share(group, n_groups, torch.tensor(extra, dtype=torch.long)) is shared
+    rows = shared.query_rows()  # (R,)
+    assert rows.tolist() == [a for a in range(n_groups) for _ in range(group)] + extra
+    y = torch.randn(rows.numel(), T, 16)  # (R, T, D)
+    out, weights = mha(y, torch.zeros_like(memory), memory_mask, cache=shared, need_weights=need_weights)
+    copies.reorder(rows)
+    expected, expected_weights = mha(y, memory[rows], memory_mask[rows], cache=copies, need_weights=need_weights)
+    assert out.shape == (rows.numel(), T, 16)
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+    assert (weights is None) == (expected_weights is None)
+    if weights is not None:
+        torch.testing.assert_close(weights, expected_weights, atol=ATOL, rtol=0)
+
+
+def test_the_beam_memory_cache_checks_its_rows():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2).eval()
+    with pytest.raises(ValueError, match="at least 1"):
+        BeamMemoryCache().share(0)
+    cache = BeamMemoryCache()
+    assert cache.static
+    memory = torch.randn(2, 5, 8)  # (B, S, D)
+    mha(memory[:, :1], memory, cache=cache)
+    cache.share(3)  # every cached row read by 3 query rows: 6 of them
+    assert cache.query_rows().tolist() == [0, 0, 0, 1, 1, 1]
+    assert mha(torch.randn(6, 1, 8), memory, cache=cache)[0].shape == (6, 1, 8)
+    with pytest.raises(ValueError, match="serves 6 query rows, got 4"):
+        mha(torch.randn(4, 1, 8), memory, cache=cache)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2), st.integers(0, 10_000), st.integers(1, 5), st.integers(2, 8), st.integers(1, 15))
 def test_beam_of_one_is_greedy(m, seed, batch, length, max_len):
@@ -159,6 +207,22 @@ def test_beam_search_equals_a_plain_beam_search(m, eos_bias, seed, batch, beam_s
     model, src = eos_model(m, eos_bias), random_sources(seed, batch, 6)
     expected = [plain_beam_search(model, src[b : b + 1], beam_size, alpha, max_len) for b in range(batch)]
     assert beam_search(model, src, beam_size, alpha, max_len=max_len, include_greedy=False) == expected
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(0, 2), st.sampled_from([0.0, 3.0, 5.0]), st.integers(0, 10_000), st.integers(1, 3),
+       st.integers(2, 5), st.sampled_from([0.0, 0.6, 1.0]), st.integers(1, 10))
+def test_the_books_simple_beam_search_equals_beam_search(book_definition, m, eos_bias, seed, batch, beam_size, alpha,
+                                                         max_len):
+    """Chapter 12's one-sentence beam search, checked on the examples without near ties, gives beam_search's
+    hypotheses (without the greedy hypothesis, which it does not have)."""
+    simple_beam_search = book_definition("12_decoding.ipynb", "simple_beam_search", torch=torch, Tensor=torch.Tensor,
+                                         Transformer=Transformer, evaluating=evaluating, length_penalty=length_penalty,
+                                         next_token_log_probs=next_token_log_probs, output_budget=output_budget)
+    model, src = eos_model(m, eos_bias), random_sources(seed, batch, 6)
+    expected = [plain_beam_search(model, src[b : b + 1], beam_size, alpha, max_len) for b in range(batch)]
+    simple = [simple_beam_search(model, src[b : b + 1], beam_size, alpha, max_len) for b in range(batch)]
+    assert simple == expected == beam_search(model, src, beam_size, alpha, max_len=max_len, include_greedy=False)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)

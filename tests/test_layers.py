@@ -13,7 +13,6 @@ from transformer_lib.layers import (
     Encoder,
     EncoderLayer,
     LayerCache,
-    LayerNorm,
     PositionwiseFeedForward,
     SublayerConnection,
 )
@@ -32,7 +31,13 @@ def random_ids(lengths: list[int], max_len: int, generator: torch.Generator) -> 
     return ids
 
 
-def test_layer_norm_equals_torch():
+@pytest.fixture(scope="module")
+def LayerNorm(book_definition):
+    """Chapter 7's LayerNorm, written out; the layers use nn.LayerNorm, which it must equal."""
+    return book_definition("07_feed_forward_residual_norm.ipynb", "LayerNorm", torch=torch, nn=nn)
+
+
+def test_layer_norm_equals_torch(LayerNorm):
     torch.manual_seed(0)
     ours, ref = LayerNorm(D), nn.LayerNorm(D)
     with torch.no_grad():
@@ -43,7 +48,7 @@ def test_layer_norm_equals_torch():
     torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=0)
 
 
-def test_layer_norm_standardises_each_token():
+def test_layer_norm_standardises_each_token(LayerNorm):
     y = LayerNorm(D)(10 * torch.randn(4, 6, D) - 3)
     torch.testing.assert_close(y.mean(-1), torch.zeros(4, 6), atol=1e-5, rtol=0)
     torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(4, 6), atol=1e-3, rtol=0)

@@ -6,10 +6,10 @@
 __all__ = ['DataError', 'load_multi30k', 'multi30k_dir', 'BPETokenizer', 'multi30k_tokenizer', 'TokenEmbedding',
            'LearnedPositionalEncoding', 'SinusoidalPositionalEncoding', 'sinusoidal_encoding', 'KVCache',
            'MultiHeadAttention', 'causal_mask', 'padding_mask', 'scaled_dot_product_attention', 'Decoder',
-           'DecoderLayer', 'Encoder', 'EncoderLayer', 'LayerNorm', 'PositionwiseFeedForward', 'Transformer',
-           'TransformerConfig', 'PRESETS', 'CheckpointError', 'LabelSmoothingLoss', 'NoamSchedule', 'TrainConfig',
-           'load_model', 'train', 'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint',
-           'DecoderOnlyConfig', 'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
+           'DecoderLayer', 'Encoder', 'EncoderLayer', 'PositionwiseFeedForward', 'Transformer', 'TransformerConfig',
+           'PRESETS', 'CheckpointError', 'LabelSmoothingLoss', 'NoamSchedule', 'TrainConfig', 'load_model', 'train',
+           'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint', 'DecoderOnlyConfig',
+           'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
 
 # %% ../book/api.ipynb #54a8c7ab
 __version__ = "0.3.0.dev0"
@@ -19,7 +19,7 @@ from .tokenizer import BPETokenizer, multi30k_tokenizer
 from .embeddings import TokenEmbedding
 from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from .attention import KVCache, MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
-from .layers import Decoder, DecoderLayer, Encoder, EncoderLayer, LayerNorm, PositionwiseFeedForward
+from .layers import Decoder, DecoderLayer, Encoder, EncoderLayer, PositionwiseFeedForward
 from .model import Transformer, TransformerConfig
 from .training import PRESETS, CheckpointError, LabelSmoothingLoss, NoamSchedule, TrainConfig, load_model, train
 from .decoding import beam_search, greedy_decode, sample
@@ -29,7 +29,7 @@ from .beyond import DecoderOnlyConfig, DecoderOnlyLM, RotaryEmbedding, RotaryMul
 _all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k_tokenizer", "TokenEmbedding",
          "LearnedPositionalEncoding", "SinusoidalPositionalEncoding", "sinusoidal_encoding", "KVCache",
          "MultiHeadAttention", "causal_mask", "padding_mask", "scaled_dot_product_attention", "Decoder", "DecoderLayer",
-         "Encoder", "EncoderLayer", "LayerNorm", "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS",
+         "Encoder", "EncoderLayer", "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS",
          "CheckpointError", "LabelSmoothingLoss", "NoamSchedule", "TrainConfig", "load_model", "train", "beam_search",
          "greedy_decode", "sample", "Translator", "evaluate_checkpoint",
          "DecoderOnlyConfig", "DecoderOnlyLM", "RotaryEmbedding", "RotaryMultiHeadAttention"]

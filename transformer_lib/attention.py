@@ -44,7 +44,9 @@ def scaled_dot_product_attention(
     return dropped @ v, weights  # (..., T, Dv), (..., T, S)
 
 # %% ../book/06_multi_head_attention.ipynb #5cf5031e
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from einops import rearrange
 from torch import nn
@@ -57,9 +59,6 @@ class KVCache:
     k: Tensor | None = None  # (B, H, S_cached, Dh)
     v: Tensor | None = None  # (B, H, S_cached, Dh)
     static: bool = False  # True for cross-attention: computed once from the encoder memory, then reused
-    group: int = 1  # static only: query rows a*group .. a*group + group - 1 read cached row a, for a < n_groups
-    n_groups: int | None = None  # how many cached rows are read by such groups (None: all of them)
-    extra: Tensor | None = None  # (E,): the cached row that each query row after the groups reads
 
     def __len__(self) -> int:
         """Number of cached key positions."""
@@ -80,25 +79,10 @@ class KVCache:
             self.v = self.v.index_select(0, index)  # (B', H, S_cached, Dh)
         return self
 
-    def share(self, group: int, n_groups: int | None = None, extra: Tensor | None = None) -> "KVCache":
-        """Let several query rows read one cached row (see `group`, `n_groups`, `extra`); in place, returns self."""
-        if not self.static:
-            raise ValueError("only a static cache can be shared: self-attention keys differ from row to row")
-        if group < 1 or (n_groups is not None and n_groups < 0):
-            raise ValueError(f"group={group} must be at least 1 and n_groups={n_groups} at least 0")
-        self.group, self.n_groups, self.extra = group, n_groups, extra
-        return self
-
-    @property
-    def shared(self) -> bool:
-        """True when query rows and cached rows are not one to one (after share())."""
-        return self.group != 1 or self.n_groups is not None or self.extra is not None
-
-    def query_rows(self) -> Tensor:
-        """The cached row (R,) that each of the R query rows reads: R = n_groups * group + E."""
-        n_groups = self.k.size(0) if self.n_groups is None else self.n_groups
-        rows = torch.arange(n_groups, device=self.k.device).repeat_interleave(self.group)  # (n_groups * group,)
-        return rows if self.extra is None else torch.cat([rows, self.extra])  # (R,)
+    def attend(self, attend: Callable, q: Tensor, k: Tensor, v: Tensor,
+               mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Run attend(q, k, v, mask) on the keys and values (B, H, S, Dh) this cache gave: query row b reads row b."""
+        return attend(q, k, v, mask)
 
 # %% ../book/06_multi_head_attention.ipynb #1b4a7b24
 def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0,
@@ -111,36 +95,18 @@ def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     return out.masked_fill(~has_key, 0.0)  # (..., T, Dh): rows with no key give zeros
 
 
-def _shared_attention(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, mask: Tensor | None = None,
-                     dropout_p: float = 0.0) -> Tensor:
-    """Attention (R, H, T, Dh) of query rows q (R, H, T, Dh) that read the cached rows of k, v (A, H, S, Dh) in
-    groups, as cache.share() set them: each group's queries go to the kernel as one block, and no row is copied."""
-    G = cache.group
-    n_groups = k.size(0) if cache.n_groups is None else cache.n_groups
-    n = n_groups * G  # the query rows read in groups; the rest read cache.extra
+def _check_causal_flag(x_q: Tensor, x_kv: Tensor, mask: Tensor | None, cache: KVCache | None) -> None:
+    """is_causal=True stands for causal_mask(T): it needs no mask, nothing cached and S = T."""
+    cached = 0 if cache is None else len(cache)
+    if mask is not None or cached or x_kv.size(1) != x_q.size(1):
+        raise ValueError(f"is_causal=True needs no mask, nothing cached and S = T (got S={x_kv.size(1)}, "
+                         f"T={x_q.size(1)}, {cached} cached); pass causal_mask(T, offset=...) instead")
 
-    def rows(t: Tensor | None, index: slice | Tensor) -> Tensor | None:
-        return t if t is None or t.size(0) == 1 else t[index]  # a mask of batch 1 fits every row
-
-    parts = []
-    if n:
-        block = rearrange(q[:n], "(a g) h t d -> a h (g t) d", g=G)  # (A, H, G*T, Dh): a group's queries together
-        out = _fused_attention(block, k[:n_groups], v[:n_groups], rows(mask, slice(0, n_groups)), dropout_p)
-        parts.append(rearrange(out, "a h (g t) d -> (a g) h t d", g=G))  # (A*G, H, T, Dh)
-    if cache.extra is not None and cache.extra.numel():
-        e = cache.extra  # (E,)
-        parts.append(_fused_attention(q[n:], k[e], v[e], rows(mask, e), dropout_p))  # (E, H, T, Dh)
-    if len(parts) == 1:
-        return parts[0]  # (R, H, T, Dh)
-    return torch.cat(parts) if parts else q[:0]  # (R, H, T, Dh)
-
-
+# %% ../book/06_multi_head_attention.ipynb #1255402f
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Sec. 3.2.2): H scaled dot-product attentions on projections of width D/H."""
 
-    def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, use_sdpa: bool = True
-    ):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, use_sdpa: bool = True):
         super().__init__()
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
@@ -166,15 +132,18 @@ class MultiHeadAttention(nn.Module):
         k, v = self._heads(self.k_proj(x_kv)), self._heads(self.v_proj(x_kv))  # (B, H, S_new, Dh)
         return (k, v) if cache is None else cache.update(k, v)  # (B, H, S, Dh)
 
-    def forward(
-        self,
-        x_q: Tensor,
-        x_kv: Tensor,
-        mask: Tensor | None = None,
-        cache: KVCache | None = None,
-        need_weights: bool = False,
-        is_causal: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Eq. 1 on every head: output (B, H, T, Dh), and weights (B, H, T, S) from the explicit path."""
+        p = self.dropout if self.training else 0.0
+        if self.use_sdpa and not need_weights:
+            return _fused_attention(q, k, v, mask, dropout_p=p, is_causal=is_causal), None  # (B, H, T, Dh)
+        if is_causal:
+            mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T)
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, Dh), (B, H, T, S)
+
+    def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None = None, cache: KVCache | None = None,
+                need_weights: bool = False, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attend from x_q (B, T, D) to x_kv (B, S, D): output (B, T, D), weights (B, H, T, S) or None.
 
         is_causal=True is causal_mask(T) without building it: full self-attention (S = T, nothing cached), no mask.
@@ -182,50 +151,32 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
         if is_causal:
-            cached = 0 if cache is None else len(cache)
-            if mask is not None or cached or x_kv.size(1) != x_q.size(1):
-                raise ValueError(f"is_causal=True needs no mask, nothing cached and S = T (got S={x_kv.size(1)}, "
-                                 f"T={x_q.size(1)}, {cached} cached); pass causal_mask(T, offset=...) instead")
+            _check_causal_flag(x_q, x_kv, mask, cache)
         q = self._queries(x_q, cache)  # (B, H, T, Dh)
-        k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh), or (B_cached, H, S, Dh) from a shared cache
-        p = self.dropout if self.training else 0.0
-        shared = cache is not None and cache.static and cache.shared
-        if shared:
-            rows = cache.query_rows()  # (B,): the cached row of each query row
-            if rows.numel() != q.size(0):
-                raise ValueError(f"the shared cache serves {rows.numel()} query rows, got {q.size(0)}")
-            if need_weights or not self.use_sdpa or (mask is not None and mask.size(2) != 1):
-                k, v = k[rows], v[rows]  # (B, H, S, Dh): a copy per query row, as without sharing
-                mask = mask if mask is None or mask.size(0) == 1 else mask[rows]  # (B|1, 1, 1, S)
-                shared = False
-        if self.use_sdpa and not need_weights:
-            weights = None
-            if shared:  # mask (B_cached|1, 1, 1, S): one key padding per cached row
-                out = _shared_attention(q, k, v, cache, mask, dropout_p=p)  # (B, H, T, Dh)
-            else:
-                out = _fused_attention(q, k, v, mask, dropout_p=p, is_causal=is_causal)  # (B, H, T, Dh)
-        else:
-            if is_causal:
-                mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T)
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, Dh)
+        k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh)
+        attend = partial(self._attend, is_causal=is_causal, need_weights=need_weights)
+        out, weights = attend(q, k, v, mask) if cache is None else cache.attend(attend, q, k, v, mask)
         out = rearrange(out, "b h t d -> b t (h d)")  # (B, T, D)
         return self.out_proj(out), weights
 
-    @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
-        """Ours with the weights of a batch_first nn.MultiheadAttention (one D for queries, keys, values)."""
-        if not m.batch_first:
-            raise ValueError("from_torch needs nn.MultiheadAttention(batch_first=True)")
-        if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
-            raise ValueError("from_torch needs kdim = vdim = embed_dim, no bias_k/v and no add_zero_attn")
-        ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=m.in_proj_bias is not None)
-        projections = (ours.q_proj, ours.k_proj, ours.v_proj)
-        with torch.no_grad():
-            for proj, w in zip(projections, m.in_proj_weight.chunk(3), strict=True):  # queries, keys, values
-                proj.weight.copy_(w)  # (D, D)
-            ours.out_proj.weight.copy_(m.out_proj.weight)  # (D, D)
-            if m.in_proj_bias is not None:
-                for proj, b in zip(projections, m.in_proj_bias.chunk(3), strict=True):
-                    proj.bias.copy_(b)  # (D,)
-                ours.out_proj.bias.copy_(m.out_proj.bias)  # (D,)
-        return ours.train(m.training).to(m.in_proj_weight.device)
+# %% ../book/06_multi_head_attention.ipynb #b85e2089
+def _from_torch(cls: type[MultiHeadAttention], m: nn.MultiheadAttention) -> MultiHeadAttention:
+    """Ours with the weights of a batch_first nn.MultiheadAttention (one D for queries, keys, values)."""
+    if not m.batch_first:
+        raise ValueError("from_torch needs nn.MultiheadAttention(batch_first=True)")
+    if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
+        raise ValueError("from_torch needs kdim = vdim = embed_dim, no bias_k/v and no add_zero_attn")
+    ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=m.in_proj_bias is not None)
+    projections = (ours.q_proj, ours.k_proj, ours.v_proj)
+    with torch.no_grad():
+        for proj, w in zip(projections, m.in_proj_weight.chunk(3), strict=True):  # queries, keys, values
+            proj.weight.copy_(w)  # (D, D)
+        ours.out_proj.weight.copy_(m.out_proj.weight)  # (D, D)
+        if m.in_proj_bias is not None:
+            for proj, b in zip(projections, m.in_proj_bias.chunk(3), strict=True):
+                proj.bias.copy_(b)  # (D,)
+            ours.out_proj.bias.copy_(m.out_proj.bias)  # (D,)
+    return ours.train(m.training).to(m.in_proj_weight.device)
+
+
+MultiHeadAttention.from_torch = classmethod(_from_torch)

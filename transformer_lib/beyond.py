@@ -120,7 +120,7 @@ class DecoderOnlyConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"DecoderOnlyConfig.dropout must be in [0, 1), got {self.dropout!r}")
 
-
+# %% ../book/14_beyond_the_paper.ipynb #12cdb9ec
 class DecoderOnlyLayer(EncoderLayer):
     """GPT's block: an encoder layer used causally, with optional rotary self-attention and a cache."""
 
@@ -135,7 +135,7 @@ class DecoderOnlyLayer(EncoderLayer):
         x = self.sublayers[0](x, lambda h: self.self_attn(h, h, mask, cache)[0])  # (B, T, D)
         return self.sublayers[1](x, self.ffn)  # (B, T, D)
 
-
+# %% ../book/14_beyond_the_paper.ipynb #e4f1ba52
 class DecoderOnlyLM(nn.Module):
     """Decoder-only language model (GPT, Radford et al., 2018): embedding, causal layers, norm, generator."""
 

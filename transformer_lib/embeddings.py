@@ -14,12 +14,12 @@ from torch import Tensor, nn
 class TokenEmbedding(nn.Module):
     """Token ids (B, T) to vectors (B, T, D): an embedding lookup multiplied by sqrt(d_model) (Sec 3.4)."""
 
-    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None):
+    def __init__(self, vocab_size: int, d_model: int):
         super().__init__()
         if vocab_size < 1 or d_model < 1:
             raise ValueError(f"vocab_size and d_model must be positive, got {vocab_size=} and {d_model=}")
         self.d_model = d_model
-        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)  # weight (V, D)
+        self.embedding = nn.Embedding(vocab_size, d_model)  # weight (V, D)
 
     def forward(self, ids: Tensor) -> Tensor:
         """Scaled embeddings (B, T, D) of token ids (B, T)."""

@@ -46,27 +46,7 @@ class TransformerConfig:
             self.attention_dropout = self.dropout
         if self.ffn_dropout is None:
             self.ffn_dropout = self.dropout
-        for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"TransformerConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.d_model % 2:
-            raise ValueError(f"TransformerConfig.d_model={self.d_model} must be even for the sinusoidal encoding")
-        for name in ("dropout", "attention_dropout", "ffn_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
-        for name in ("norm_first", "final_norm", "tie_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("pad_id", "bos_id", "eos_id"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
-                raise ValueError(f"TransformerConfig.{name}={value!r} is not a token id below vocab_size={self.vocab_size}")
-        if len({self.pad_id, self.bos_id, self.eos_id}) < 3:
-            raise ValueError(f"TransformerConfig.pad_id, bos_id and eos_id must differ, got "
-                             f"{self.pad_id}, {self.bos_id}, {self.eos_id}")
+        _check_config(self)
 
     @classmethod
     def base(cls, vocab_size: int = 37000) -> "TransformerConfig":
@@ -84,6 +64,31 @@ class TransformerConfig:
         if unknown:
             raise ValueError(f"unknown TransformerConfig fields: {sorted(unknown)}")
         return cls(**d)
+
+# %% ../book/10_transformer.ipynb #74fe659d
+def _check_config(c: TransformerConfig) -> None:
+    """Raise a ValueError that names the field when the sizes, rates, switches or token ids of c do not fit."""
+    for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "max_len"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}")
+    if c.d_model % c.n_heads:
+        raise ValueError(f"TransformerConfig.d_model={c.d_model} is not divisible by n_heads={c.n_heads}")
+    if c.d_model % 2:
+        raise ValueError(f"TransformerConfig.d_model={c.d_model} must be even for the sinusoidal encoding")
+    for name in ("dropout", "attention_dropout", "ffn_dropout"):
+        if not 0.0 <= getattr(c, name) < 1.0:
+            raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {getattr(c, name)!r}")
+    for name in ("norm_first", "final_norm", "tie_embeddings"):
+        if not isinstance(getattr(c, name), bool):
+            raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(c, name)!r}")
+    for name in ("pad_id", "bos_id", "eos_id"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < c.vocab_size:
+            raise ValueError(f"TransformerConfig.{name}={value!r} is not a token id below vocab_size={c.vocab_size}")
+    if len({c.pad_id, c.bos_id, c.eos_id}) < 3:
+        raise ValueError(f"TransformerConfig.pad_id, bos_id and eos_id must differ, got "
+                         f"{c.pad_id}, {c.bos_id}, {c.eos_id}")
 
 # %% ../book/10_transformer.ipynb #0800415c
 class Generator(nn.Linear):
@@ -154,36 +159,6 @@ class Transformer(nn.Module):
         """An empty key/value cache, one LayerCache per decoder layer, for decode(..., cache, offset)."""
         return self.decoder.new_cache()
 
-    @classmethod
-    def from_torch(cls, transformer: nn.Transformer, src_embed: nn.Embedding, tgt_embed: nn.Embedding,
-                   generator: nn.Linear, max_len: int = 512, pad_id: int = 0, bos_id: int = 1,
-                   eos_id: int = 2) -> "Transformer":
-        """Ours with the weights of a batch_first nn.Transformer, its embeddings and output layer.
-
-        The reference pipeline this reproduces: embedding * sqrt(D) + sinusoidal encoding -> nn.Transformer
-        (with padding and causal masks) -> Linear -> log_softmax.
-        """
-        enc_norm, dec_norm = transformer.encoder.norm, transformer.decoder.norm
-        if (enc_norm is None) != (dec_norm is None):
-            raise ValueError("from_torch needs a final norm in both the encoder and the decoder, or in neither")
-        first = transformer.encoder.layers[0]
-        tied = src_embed.weight is tgt_embed.weight is generator.weight
-        config = TransformerConfig(
-            vocab_size=src_embed.num_embeddings, d_model=first.linear1.in_features, n_heads=first.self_attn.num_heads,
-            n_encoder_layers=len(transformer.encoder.layers), n_decoder_layers=len(transformer.decoder.layers),
-            d_ff=first.linear1.out_features, dropout=first.dropout.p, max_len=max_len, norm_first=first.norm_first,
-            final_norm=enc_norm is not None, tie_embeddings=tied, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
-        ours = cls(config)
-        ours.encoder = Encoder.from_torch(transformer.encoder)
-        ours.decoder = Decoder.from_torch(transformer.decoder)
-        with torch.no_grad():
-            ours.src_embed.embedding.weight.copy_(src_embed.weight)
-            if not tied:
-                ours.tgt_embed.embedding.weight.copy_(tgt_embed.weight)
-                ours.generator.weight.copy_(generator.weight)
-            ours.generator.bias.copy_(generator.bias if generator.bias is not None else torch.zeros(config.vocab_size))
-        return ours.train(transformer.training).to(src_embed.weight.device)
-
 # %% ../book/10_transformer.ipynb #7f4e0e65
 def parameter_counts(model: Transformer) -> dict[str, int]:
     """Parameters by kind (embeddings, attention, feed-forward, layer norm, generator), each shared one counted once."""
@@ -201,3 +176,36 @@ def parameter_counts(model: Transformer) -> dict[str, int]:
             kind = "generator"
         kinds[kind] += p.numel()
     return kinds
+
+# %% ../book/10_transformer.ipynb #482aebe9
+def _from_torch(cls: type[Transformer], transformer: nn.Transformer, src_embed: nn.Embedding, tgt_embed: nn.Embedding,
+                generator: nn.Linear, max_len: int = 512, pad_id: int = 0, bos_id: int = 1,
+                eos_id: int = 2) -> Transformer:
+    """Ours with the weights of a batch_first nn.Transformer, its embeddings and output layer.
+
+    The reference pipeline this reproduces: embedding * sqrt(D) + sinusoidal encoding -> nn.Transformer
+    (with padding and causal masks) -> Linear -> log_softmax.
+    """
+    enc_norm, dec_norm = transformer.encoder.norm, transformer.decoder.norm
+    if (enc_norm is None) != (dec_norm is None):
+        raise ValueError("from_torch needs a final norm in both the encoder and the decoder, or in neither")
+    first = transformer.encoder.layers[0]
+    tied = src_embed.weight is tgt_embed.weight is generator.weight
+    config = TransformerConfig(
+        vocab_size=src_embed.num_embeddings, d_model=first.linear1.in_features, n_heads=first.self_attn.num_heads,
+        n_encoder_layers=len(transformer.encoder.layers), n_decoder_layers=len(transformer.decoder.layers),
+        d_ff=first.linear1.out_features, dropout=first.dropout.p, max_len=max_len, norm_first=first.norm_first,
+        final_norm=enc_norm is not None, tie_embeddings=tied, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+    ours = cls(config)
+    ours.encoder = Encoder.from_torch(transformer.encoder)
+    ours.decoder = Decoder.from_torch(transformer.decoder)
+    with torch.no_grad():
+        ours.src_embed.embedding.weight.copy_(src_embed.weight)
+        if not tied:
+            ours.tgt_embed.embedding.weight.copy_(tgt_embed.weight)
+            ours.generator.weight.copy_(generator.weight)
+        ours.generator.bias.copy_(generator.bias if generator.bias is not None else torch.zeros(config.vocab_size))
+    return ours.train(transformer.training).to(src_embed.weight.device)
+
+
+Transformer.from_torch = classmethod(_from_torch)
