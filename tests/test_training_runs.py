@@ -202,3 +202,45 @@ def test_a_signal_saves_mid_epoch_and_the_run_resumes_at_the_same_batch(tmp_path
     losses = [[(r["step"], r["loss"]) for r in load_checkpoint(tmp_path / run_name / "last.pt")["history"]
                if r["kind"] == "train"] for run_name in ("full", "cut")]
     assert losses[0] == losses[1]
+
+
+def test_max_len_past_the_model_positions_is_refused_when_configured():
+    with pytest.raises(ValueError, match="max_len=600: the model has 512 positions .* at most 511"):
+        TrainConfig.from_preset("tiny", max_len=600)
+    TrainConfig.from_preset("tiny", max_len=511)
+
+
+def test_pairs_left_out_are_counted_and_long_validation_pairs_never_reach_the_model(tmp_path, capsys):
+    """A validation sentence longer than the model's positions once failed after a whole epoch."""
+    files = {}
+    pairs = [(f"ein hund {k}", f"a dog {k}") for k in range(40)]
+    for name, lines in [("train.de", [s for s, _ in pairs] + ["sehr " * 30]), ("train.en", [t for _, t in pairs] + ["very"]),
+                        ("val.de", ["ein hund", "hund " * 600]), ("val.en", ["a dog", "dog"])]:
+        files[name] = tmp_path / name
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "train_subset": None, "max_len": 20, "max_steps": 2,
+                                                "vocab_size": 300},
+                                     train_src=files["train.de"], train_tgt=files["train.en"],
+                                     val_src=files["val.de"], val_tgt=files["val.en"])
+    result = train(config, tmp_path / "run", progress=True)
+    setup = result.history[0]
+    assert (setup["train_pairs"], setup["dropped"], setup["val_pairs"], setup["val_dropped"]) == (40, 1, 1, 1)
+    assert "left out: 1 training pair(s) with a side over max_len=20 tokens, 1 validation pair(s)" \
+        in capsys.readouterr().out  # tqdm.write's line
+    assert result.history[-1]["kind"] in ("val", "averaged")
+
+
+def test_old_snapshots_go_only_after_the_new_last_pt(tmp_path, tokenizer, monkeypatch):
+    events = []
+    save = training.save_checkpoint
+    monkeypatch.setattr(training, "save_checkpoint", lambda obj, path: (events.append(("save", Path(path).name)),
+                                                                        save(obj, path))[1])
+    unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (events.append(("delete", self.name)),
+                                                               unlink(self, *a, **k))[1])
+    train(TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2, "epochs": 4}), tmp_path, progress=False,
+          tokenizer=tokenizer)
+    deleted = [k for k, e in enumerate(events) if e == ("delete", "epoch0001.pt")]
+    assert deleted, events
+    assert events[deleted[0] - 1] == ("save", "last.pt") and ("save", "epoch0003.pt") in events[:deleted[0]]
+    assert sorted(p.name for p in tmp_path.glob("epoch*.pt")) == ["epoch0003.pt", "epoch0004.pt"]
