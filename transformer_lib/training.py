@@ -399,14 +399,16 @@ def evaluate(
     model.eval()
     device = next(model.parameters()).device
     criterion = LabelSmoothingLoss(model.config.vocab_size, model.config.pad_id, smoothing, reduction="sum")
-    loss_sum = nll_sum = 0.0
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # [loss, nll], read once at the end
     tokens = 0
     for idx in token_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], max_tokens):
         batch = make_batch([src[i] for i in idx], [tgt[i] for i in idx]).to(device)
         with _autocast(device, amp):
             loss, nll = batch_loss(model, batch, criterion)
-        loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tgt_tokens
+        sums += torch.stack([loss, nll]).double()
+        tokens += batch.n_tgt_tokens
     model.train(was_training)
+    loss_sum, nll_sum = sums.tolist()
     return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(nll_sum / tokens), "tokens": tokens}
 
 # %% ../book/11b_training_at_scale.ipynb #000bef73
@@ -432,6 +434,7 @@ class Processes:
     rank: int = 0
     world_size: int = 1
     owns_group: bool = False  # this process started the process group, so it also ends it
+    host_group: Any = None  # a gloo group for numbers the host needs (NCCL's would wait for the GPU); None: the default
 
     @property
     def main(self) -> bool:
@@ -448,6 +451,19 @@ class Processes:
                 raise ProcessFailure(f"rank {self.rank}: lost another process of the run ({reason}); its own "
                                      "error message says why") from None
         return values
+
+    def agree_on(self, numbers: list[float]) -> list[float]:
+        """The element-wise sum of `numbers` over all processes, exchanged between the hosts: no GPU waits for it."""
+        if self.world_size == 1:
+            return numbers
+        values = torch.tensor(numbers, dtype=torch.float64)  # (N,) on the CPU
+        try:
+            dist.all_reduce(values, group=self.host_group)
+        except (RuntimeError, dist.DistBackendError) as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ProcessFailure(f"rank {self.rank}: lost another process of the run ({reason}); its own "
+                                 "error message says why") from None
+        return values.tolist()
 
     def gather(self, obj: Any) -> list[Any]:
         """obj from every process, in rank order."""
@@ -497,7 +513,8 @@ def start_processes(device: str = "auto", timeout_minutes: float = 10.0) -> Proc
     if owns:
         dist.init_process_group("nccl" if where.type == "cuda" else "gloo",
                                 timeout=timedelta(minutes=timeout_minutes))
-    return Processes(where, dist.get_rank(), dist.get_world_size(), owns)
+    host = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+    return Processes(where, dist.get_rank(), dist.get_world_size(), owns, host)
 
 
 class LossComputation(nn.Module):
@@ -591,9 +608,10 @@ class Trainer:
         self.model = Transformer(self.model_config).to(self.device)
         if procs.rank > 0:  # the same initial weights everywhere, but each process draws its own dropout masks
             torch.manual_seed(config.seed + 1_000_003 * procs.rank)
+        # fused on CUDA: one kernel for all parameters, and float16's inf check stays on the GPU
         self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor),
-            betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+            self.model.parameters(), lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor), betas=config.betas, eps=config.eps,
+            weight_decay=config.weight_decay, fused=self.device.type == "cuda")
         self.schedule = NoamSchedule(self.optimizer, config.d_model, config.warmup, config.lr_factor, config.cooldown)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
         net: nn.Module = LossComputation(self.model, LabelSmoothingLoss(
@@ -605,7 +623,9 @@ class Trainer:
         self.net = torch.compile(net, dynamic=True) if config.compile else net
         self.per_step = procs.world_size * config.accum_steps  # micro-batches per optimiser step
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
-        self.sums = torch.zeros(2, 3, dtype=torch.float64, device=self.device)  # [window, epoch] x [loss, nll, tokens]
+        # [window, epoch] x [loss, nll, tokens] of this process; summed over the processes only when read
+        self.sums = torch.zeros(2, 3, dtype=torch.float64, device=self.device)
+        self.prefetched: tuple[tuple[int, int], list[Batch]] | None = None  # ((epoch, position), batches)
         self.history: list[dict[str, Any]] = []
         self.started = self.last_save = time.perf_counter()
 
@@ -618,16 +638,33 @@ class Trainer:
                              "one step (processes x accum_steps): use more data or a smaller max_tokens")
         return batches[: len(batches) - len(batches) % self.per_step]
 
+    def step_batches(self, batches: list[list[int]], position: int) -> list[Batch]:
+        """This process's micro-batches of the step at `position`, on their way to the device.
+
+        On a GPU they go through page-locked (pinned) memory, so the copies need not wait for the GPU to finish
+        what it is computing: the host prepares step k + 1 while the GPU computes step k.
+        """
+        mine = step_shard(batches, position, self.procs.world_size, self.config.accum_steps, self.procs.rank)
+        out = []
+        for idx in mine:
+            batch = make_batch([self.train_src[i] for i in idx], [self.train_tgt[i] for i in idx])
+            if self.device.type == "cuda":
+                batch = batch.pin_memory()
+            out.append(batch.to(self.device, non_blocking=True))
+        return out
+
     def train_step(self, batches: list[list[int]]) -> tuple[torch.Tensor, int]:
         """One optimiser step on this process's share of the step at self.position; (local sums, global tokens)."""
         step_batches = batches[self.position : self.position + self.per_step]
         n_tgt = sum(self.tgt_lens[i] for idx in step_batches for i in idx)  # the loss's denominator, all processes
         n_all = n_tgt + sum(self.src_lens[i] for idx in step_batches for i in idx)
-        mine = step_shard(batches, self.position, self.procs.world_size, self.config.accum_steps, self.procs.rank)
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        key = (self.epoch, self.position)
+        mine = self.prefetched[1] if self.prefetched is not None and self.prefetched[0] == key \
+            else self.step_batches(batches, self.position)
+        self.prefetched = None
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # [loss, nll, tokens] of this process
         self.optimizer.zero_grad(set_to_none=True)
-        for k, idx in enumerate(mine):
-            batch = make_batch([self.train_src[i] for i in idx], [self.train_tgt[i] for i in idx]).to(self.device)
+        for k, batch in enumerate(mine):
             last = k == len(mine) - 1  # DDP averages the gradients only after the last micro-batch
             with nullcontext() if last or self.ddp is None else self.ddp.no_sync():
                 with _autocast(self.device, self.amp), _training_attention(self.device):
@@ -635,14 +672,16 @@ class Trainer:
                 # DDP divides the summed gradients by world_size; dividing by n_tgt / world_size here leaves
                 # the gradient of (the loss summed over every process's tokens) / n_tgt
                 self.scaler.scale(loss_sum / (n_tgt / self.procs.world_size)).backward()
-            sums += torch.stack([loss_sum.detach().double(), nll_sum.detach().double(),
-                                 torch.tensor(float(batch.n_tgt_tokens), dtype=torch.float64, device=self.device)])
+            sums[:2] += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
+        sums[2] = float(sum(b.n_tgt_tokens for b in mine))  # a number passed to a kernel: no copy from the host
         if self.config.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.step, self.position = self.step + 1, self.position + self.per_step
+        if self.position < len(batches):  # the next step's batches, while the GPU still computes this one
+            self.prefetched = ((self.epoch, self.position), self.step_batches(batches, self.position))
         return sums, n_all
 
     def minutes(self) -> float:
@@ -684,17 +723,18 @@ class Trainer:
         return (c.checkpoint_every is not None and self.step % c.checkpoint_every == 0) or (
             c.checkpoint_minutes is not None and time.perf_counter() - self.last_save >= 60 * c.checkpoint_minutes)
 
-    def agree(self, sums: torch.Tensor, signalled: int, n_batches: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The step's sums over all processes, and one decision for all: rank 0's clock, any process's signal."""
+    def agree(self, signalled: int, n_batches: int) -> dict[str, Any]:
+        """One decision for all processes: rank 0's clock, any process's signal; exchanged between the hosts."""
         main = self.procs.main
-        decisions = [float(signalled > 0), float(main and self.out_of_budget()), float(main and self.save_due()),
-                     self.budget_spent(n_batches) if main and self.follows_budget() else 0.0]
-        if self.procs.world_size > 1:  # one all-reduce (a sum) carries the losses and rank 0's decisions
-            both = self.procs.all_reduce(torch.cat([sums, torch.tensor(decisions, dtype=torch.float64,
-                                                                       device=self.device)]))
-            sums, decisions = both[:3], both[3:].tolist()
-        return sums, {"signal": decisions[0] > 0, "stop": decisions[1] > 0, "save": decisions[2] > 0,
-                      "progress": decisions[3]}
+        decisions = self.procs.agree_on([
+            float(signalled > 0), float(main and self.out_of_budget()), float(main and self.save_due()),
+            self.budget_spent(n_batches) if main and self.follows_budget() else 0.0])
+        return {"signal": decisions[0] > 0, "stop": decisions[1] > 0, "save": decisions[2] > 0,
+                "progress": decisions[3]}
+
+    def summed(self, row: int) -> list[float]:
+        """[loss, nll, tokens] of the window (row 0) or the epoch (row 1), over all processes (a GPU waits here)."""
+        return self.procs.all_reduce(self.sums[row].clone()).tolist()
 
     def log(self, record: dict[str, Any]) -> None:
         """Add a record to the history, and (rank 0) to metrics.jsonl."""
@@ -714,7 +754,7 @@ class Trainer:
             "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "position": self.position,
-            "elapsed": self.minutes() * 60, "sums": self.sums.tolist(), "history": self.history, "rng": rngs[0],
+            "elapsed": self.minutes() * 60, "sums": [self.summed(0), self.summed(1)], "history": self.history, "rng": rngs[0],
             "rng_by_rank": rngs, "world_size": self.procs.world_size, "tokenizer": self.tokenizer.to_dict(),
             "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
         }
@@ -736,6 +776,8 @@ class Trainer:
         self.step, self.epoch, self.position, self.elapsed = (state["step"], state["epoch"], state["position"],
                                                               state["elapsed"])
         self.sums = torch.tensor(state["sums"], dtype=torch.float64, device=self.device)
+        if not self.procs.main:  # the saved sums are the run's: rank 0 carries them, the others start from 0
+            self.sums.zero_()
         self.history = list(state["history"])
         rngs = state.get("rng_by_rank", [state["rng"]])
         if self.procs.rank < len(rngs):
@@ -743,7 +785,7 @@ class Trainer:
 
     def log_window(self, n_tokens_window: int, window_start: float, bar: Any) -> None:
         """A "train" record of the loss since the last one, with the learning rate and the throughput."""
-        loss_w, nll_w, tokens_w = self.sums[0].tolist()
+        loss_w, nll_w, tokens_w = self.summed(0)
         record = {"kind": "train", "epoch": self.epoch + 1, "step": self.step, "loss": loss_w / tokens_w,
                   "nll": nll_w / tokens_w, "lr": self.optimizer.param_groups[0]["lr"],
                   "tokens_per_s": n_tokens_window / (time.perf_counter() - window_start), "minutes": self.minutes()}
@@ -754,7 +796,7 @@ class Trainer:
 
     def end_epoch(self) -> None:
         """Validate, log, keep a snapshot of the weights for averaging, and checkpoint."""
-        loss_e, nll_e, tokens_e = self.sums[1].tolist()
+        loss_e, nll_e, tokens_e = self.summed(1)
         self.epoch, self.position = self.epoch + 1, 0
         self.sums[1].zero_()
         if self.procs.main:
@@ -831,7 +873,7 @@ def _loop(run: Trainer, signalled: list[int]) -> None:
     """Steps until the epochs or the budget run out, checkpointing at epoch ends, on the timer and on signals."""
     config, procs = run.config, run.procs
     batches = run.batches()
-    _, decision = run.agree(torch.zeros(3, dtype=torch.float64, device=run.device), signalled[0], len(batches))
+    decision = run.agree(signalled[0], len(batches))
     run.set_inner_dropout(decision["progress"])
     stopped = decision["stop"]
     if run.progress:
@@ -851,7 +893,7 @@ def _loop(run: Trainer, signalled: list[int]) -> None:
         run.model.train()
         while run.position < len(batches) and not stopped:
             sums, n_tokens = run.train_step(batches)
-            sums, decision = run.agree(sums, signalled[0], len(batches))
+            decision = run.agree(signalled[0], len(batches))
             if config.cooldown > 0:
                 run.schedule.progress = decision["progress"]  # the rate of the next step depends on it
             run.set_inner_dropout(decision["progress"])
@@ -938,6 +980,8 @@ def train(
         check_runtime(procs.device, config.amp, config.compile)
         if procs.device.type == "cpu":
             keep_freed_memory()  # ~10% more steps on a CPU: each step reuses the last one's memory
+        if procs.device.type == "cuda":  # float32 matrix products (amp=off) on the tensor cores, in TF32
+            torch.backends.cuda.matmul.allow_tf32 = True
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         state, tokenizer, data, n_pairs = _prepare(config, Path(out_dir), resume, data_dir, tokenizer, procs,
