@@ -173,9 +173,10 @@ def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys
 
     def fake_train(config, out, **kwargs):
         history = [{"kind": "val", "step": 10, "val_loss": 1.25, "minutes": 1.0},
-                   {"kind": "averaged", "step": 10, "val_loss": 1.5, "kept": False}]
+                   {"kind": "averaged", "step": 10, "val_loss": 1.5, "kept": False},
+                   {"kind": "overhead", "step": 10, "seconds": 80.0, "share": 0.025}]
         if config.average_last == 2:  # here the average validated better and was kept
-            history[-1].update(val_loss=1.125, kept=True)
+            history[1].update(val_loss=1.125, kept=True)
         return TrainResult(None, None, history, out)
 
     monkeypatch.setattr(cli, "train", fake_train)
@@ -183,7 +184,7 @@ def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys
         args = ["train", "--preset", "tiny", "--set", f"average_last={average_last}", "--out",
                 str(tmp_path / f"r{average_last}"), "--quiet"]
         assert main(args) == EXIT_OK
-        assert f"validation loss {loss};" in capsys.readouterr().out
+        assert f"validation loss {loss}, 2.5% of the time outside training steps;" in capsys.readouterr().out
 
 
 def test_the_command_line_starts_without_the_bleu_library():

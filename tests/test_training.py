@@ -360,7 +360,7 @@ def test_killed_run_resumes_to_identical_weights_and_losses(tmp_path, small_toke
         assert torch.equal(tensor, load_checkpoint(killed / "model.pt")["model"][name]), name
     assert _losses(full) == _losses(killed)
     assert len([r for r in _losses(full) if r[0] == "train"]) >= 10
-    assert len(list(killed.glob("epoch*.pt"))) == 2  # only the snapshots that average_last needs are kept
+    assert len(list(killed.glob("average*.pt"))) == 2  # only the snapshots that average_last needs are kept
     rates = [r[4] for r in _losses(full) if r[0] == "train"]
     assert rates[-1] < 0.2 * max(rates)  # the cooldown (over epochs here) has brought the rate down
 

@@ -267,8 +267,9 @@ def run_train(args: argparse.Namespace) -> int:
     kept = [r for r in result.history if r["kind"] == "val" or (r["kind"] == "averaged" and r["kept"])]
     last = kept[-1]  # the model in model.pt: the average only when it validated better
     minutes = max(r.get("minutes", 0.0) for r in result.history)
-    print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss {last['val_loss']:.3f}; "
-          f"model in {out / 'model.pt'}")
+    overhead = [r for r in result.history if r["kind"] == "overhead"][-1]
+    print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss {last['val_loss']:.3f}, "
+          f"{overhead['share']:.1%} of the time outside training steps; model in {out / 'model.pt'}")
     return EXIT_OK
 
 
