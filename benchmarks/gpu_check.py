@@ -271,9 +271,10 @@ def overhead_share(shape: dict, device: torch.device, B: int, S: int, T: int, va
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--quick", action="store_true", help="a small model and few steps (for the CPU and CI)")
-    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON")
+    parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: nowhere)")
     parser.add_argument("--wheels", type=Path, default=None,
                         help="a folder of pure-Python wheels (einops, tqdm) to import from, without installing")
     args = parser.parse_args()
@@ -303,7 +304,8 @@ def main() -> None:
     report["seconds"] = time.perf_counter() - start
     ok = all(v.get("ok", False) for k, v in report["correctness"].items() if k == "float32" or "error" not in v)
     report["ok"] = ok
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
     env = report["environment"]
     print(f"torch {env['torch']}, {env.get('gpu', env.get('cpu'))}"
@@ -325,7 +327,7 @@ def main() -> None:
     print(f"  validation {o['validation_s']:.2f} s, weights snapshot {o['snapshot_s']:.2f} s, last.pt "
           f"{o['last_pt_s']:.2f} s ({o['last_pt_mb']:.0f} MB): {o['share_of_gpu_preset']:.1%} of the gpu preset's "
           "run at its cadence")
-    print(f"{report['seconds']:.0f} s; JSON in {args.out}")
+    print(f"{report['seconds']:.0f} s" + (f"; JSON in {args.out}" if args.out else ""))
     print(f"ok={ok}")
 
 
