@@ -630,8 +630,8 @@ class Trainer:
             torch.manual_seed(config.seed + 1_000_003 * procs.rank)
         # fused on CUDA: one kernel for all parameters, and float16's inf check stays on the GPU
         self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor), betas=config.betas, eps=config.eps,
-            weight_decay=config.weight_decay, fused=self.device.type == "cuda")
+            self.model.parameters(), lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor),
+            betas=config.betas, eps=config.eps, weight_decay=config.weight_decay, fused=self.device.type == "cuda")
         self.schedule = NoamSchedule(self.optimizer, config.d_model, config.warmup, config.lr_factor, config.cooldown)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
         net: nn.Module = LossComputation(self.model, LabelSmoothingLoss(
@@ -793,7 +793,8 @@ class Trainer:
             "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "position": self.position,
-            "elapsed": self.minutes() * 60, "last_point": self.last_point, "sums": [self.summed(0), self.summed(1)], "history": self.history, "rng": rngs[0],
+            "elapsed": self.minutes() * 60, "last_point": self.last_point, "sums": [self.summed(0), self.summed(1)],
+            "history": self.history, "rng": rngs[0],
             "rng_by_rank": rngs, "world_size": self.procs.world_size, "tokenizer": self.tokenizer.to_dict(),
             "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
         }
