@@ -157,7 +157,7 @@ def test_read_lines():
 def test_train_device_option(tmp_path, capsys):
     assert main(["train", "--preset", "tiny", "--device", "foo", "--out", str(tmp_path / "r")]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --device foo: not a device; use auto, cpu, cuda or cuda:N"], err
+    assert err == ["error: --device foo: not a device; use auto, cpu, cuda, cuda:N or mps"], err
     assert not (tmp_path / "r").exists()
     if not torch.cuda.is_available():
         assert main(["train", "--preset", "tiny", "--device", "cuda", "--out", str(tmp_path / "r"), "--quiet"]) \
@@ -173,9 +173,10 @@ def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys
 
     def fake_train(config, out, **kwargs):
         history = [{"kind": "val", "step": 10, "val_loss": 1.25, "minutes": 1.0},
-                   {"kind": "averaged", "step": 10, "val_loss": 1.5, "kept": False}]
+                   {"kind": "averaged", "step": 10, "val_loss": 1.5, "kept": False},
+                   {"kind": "overhead", "step": 10, "seconds": 80.0, "share": 0.025}]
         if config.average_last == 2:  # here the average validated better and was kept
-            history[-1].update(val_loss=1.125, kept=True)
+            history[1].update(val_loss=1.125, kept=True)
         return TrainResult(None, None, history, out)
 
     monkeypatch.setattr(cli, "train", fake_train)
@@ -183,7 +184,7 @@ def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys
         args = ["train", "--preset", "tiny", "--set", f"average_last={average_last}", "--out",
                 str(tmp_path / f"r{average_last}"), "--quiet"]
         assert main(args) == EXIT_OK
-        assert f"validation loss {loss};" in capsys.readouterr().out
+        assert f"validation loss {loss}, 2.5% of the time outside training steps;" in capsys.readouterr().out
 
 
 def test_the_command_line_starts_without_the_bleu_library():
@@ -191,3 +192,23 @@ def test_the_command_line_starts_without_the_bleu_library():
     code = "import sys, transformer_lib.cli; print('sacrebleu' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", [["translate", "-c", "model.pt", "Hallo"],
+                                     ["evaluate", "-c", "model.pt", "--src", "src.de", "--ref", "src.de"]])
+def test_an_unwritable_output_is_refused_before_any_translating(workdir, capsys, monkeypatch, command):
+    (workdir / "src.de").write_text("Ein Hund.\n", encoding="utf-8")
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(Translator, "translate", lambda *args, **kwargs: pytest.fail("translated first"))
+    for target, reason in [("no/such/folder/out.txt", "the folder no/such/folder does not exist"),
+                           (".", "not a writable file")]:
+        assert main([*command, "--device", "cpu", "-o", target]) == EXIT_USAGE
+        assert capsys.readouterr().err.strip().splitlines() == [f"error: cannot write {target}: {reason}"]
+
+
+def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("transformer_lib.cli.train", lambda *args, **kwargs: pytest.skip("reached train"))
+    with pytest.raises(pytest.skip.Exception):
+        main(["train", "--preset", "tiny", "--resume", "--out", str(tmp_path / "empty"), "--quiet"])
+    err = capsys.readouterr().err
+    assert f"--resume: {tmp_path / 'empty'} holds no last.pt to resume, so this starts a new run there" in err

@@ -72,3 +72,87 @@ def test_command_line_gives_one_line_and_usage_exit(tmp_path, capsys):
     assert code == cli.EXIT_USAGE
     assert err[-1].startswith("error: --set: device=cuda: this PyTorch sees no CUDA device"), err
     assert not any("Traceback" in line for line in err)
+
+
+def _one_gpu(monkeypatch, capability=(9, 0)):
+    """Pretend this machine has one CUDA GPU of the given compute capability."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+
+
+def test_a_gpu_index_past_the_last_gpu_is_refused(monkeypatch):
+    _one_gpu(monkeypatch)
+    check_runtime(torch.device("cuda:0"))
+    with pytest.raises(UnsupportedSetting, match=r"device=cuda:7: this machine has 1 GPU\(s\), cuda:0 to cuda:0"):
+        check_runtime(torch.device("cuda:7"))
+    with pytest.raises(UnsupportedSetting, match="runs on cpu, cuda or mps"):
+        check_runtime(torch.device("meta"))
+
+
+@pytest.mark.parametrize("command", [["train", "--preset", "tiny", "--quiet"], ["translate", "-c", "none.pt", "Hallo"],
+                                     ["evaluate", "-c", "none.pt", "--src", "a", "--ref", "b"]])
+@pytest.mark.parametrize("device, message", [("cuda:7", "error: --device: device=cuda:7: this machine has 1 GPU(s)"),
+                                             ("gpu", "error: --device gpu: not a device; use auto, cpu, cuda")])
+def test_command_line_refuses_a_device_in_one_line(tmp_path, capsys, monkeypatch, command, device, message):
+    _one_gpu(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "none.pt").write_bytes(b"")  # never read: the device is refused first
+    for name in ("a", "b"):
+        (tmp_path / name).write_text("Hallo\n", encoding="utf-8")
+    assert cli.main([*command, "--device", device]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_auto_picks_an_apple_gpu_when_pytorch_reports_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(training, "mps_available", lambda: True)
+    mps = training.resolve_device("auto")
+    assert mps == torch.device("mps")
+    assert training.resolve_amp("auto", mps) is None  # float32: supported by every PyTorch that has mps
+    training.check_device(mps)
+    monkeypatch.setattr(training, "mps_available", lambda: False)
+    assert training.resolve_device("auto") == CPU
+    with pytest.raises(UnsupportedSetting, match="device=mps: this PyTorch sees no Apple GPU"):
+        training.check_device(torch.device("mps"))
+
+
+def test_cuda_only_calls_stay_behind_a_device_check(monkeypatch):
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a CUDA call for a run on another device")
+
+    for name in ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "get_device_capability"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with a GPU, training on the CPU
+    state = training._rng_state(CPU)
+    assert set(state) == {"torch", "python"}
+    training._set_rng_state({**state, "cuda": [torch.zeros(8, dtype=torch.uint8)]}, CPU)
+    assert training.resolve_amp("auto", CPU) in (None, torch.bfloat16)
+
+
+def test_rng_state_of_the_device_in_use_survives_fewer_gpus(monkeypatch):
+    """A checkpoint of 8 GPUs resumed on 1: each process saves and restores the state of its own GPU only."""
+    saved, restored = {}, []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": saved.setdefault(str(device),
+                                                                                          torch.full((4,), 7)))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append((state, device)))
+    gpu = torch.device("cuda:0")
+    state = training._rng_state(gpu)
+    assert torch.equal(state["cuda"], torch.full((4,), 7))  # one state, not one per visible GPU
+    training._set_rng_state(state, gpu)
+    assert torch.equal(restored[-1][0], torch.full((4,), 7)) and restored[-1][1] == gpu
+    eight = [torch.full((4,), k) for k in range(8)]  # the older format: get_rng_state_all of 8 GPUs
+    training._set_rng_state({**state, "cuda": eight}, gpu)
+    assert torch.equal(restored[-1][0], eight[0])
+    training._set_rng_state({**state, "cuda": eight[:1]}, torch.device("cuda:3"))  # no state of that GPU: left
+    assert len(restored) == 2
+
+
+def test_a_t4_gets_float16_with_loss_scaling(monkeypatch):
+    """Free Colab's T4 (capability 7.5) has no bfloat16: amp="auto" chooses float16, and the trainer a GradScaler."""
+    _one_gpu(monkeypatch, capability=(7, 5))
+    assert training.resolve_amp("auto", torch.device("cuda")) == torch.float16
+    _one_gpu(monkeypatch, capability=(8, 0))
+    assert training.resolve_amp("auto", torch.device("cuda")) == torch.bfloat16

@@ -31,6 +31,7 @@ from transformer_lib.training import (
     check_model_config,
     load_checkpoint,
     make_batch,
+    pad_ids,
     noam_rate,
     parse_overrides,
     save_checkpoint,
@@ -359,7 +360,7 @@ def test_killed_run_resumes_to_identical_weights_and_losses(tmp_path, small_toke
         assert torch.equal(tensor, load_checkpoint(killed / "model.pt")["model"][name]), name
     assert _losses(full) == _losses(killed)
     assert len([r for r in _losses(full) if r[0] == "train"]) >= 10
-    assert len(list(killed.glob("epoch*.pt"))) == 2  # only the snapshots that average_last needs are kept
+    assert len(list(killed.glob("average*.pt"))) == 2  # only the snapshots that average_last needs are kept
     rates = [r[4] for r in _losses(full) if r[0] == "train"]
     assert rates[-1] < 0.2 * max(rates)  # the cooldown (over epochs here) has brought the rate down
 
@@ -467,3 +468,29 @@ def test_train_and_the_command_line_keep_freed_memory(tmp_path, small_tokenizer,
     monkeypatch.delenv("TRANSFORMER_LIB_CHECKPOINT", raising=False)
     assert cli.main(["translate", "Hallo"]) == cli.EXIT_USAGE  # no checkpoint: it fails, after the setting
     assert calls == ["train", "cli"]
+
+
+def test_batch_loss_keeps_fixed_shapes_and_compiles_into_one_graph():
+    """The loss masks padded positions instead of picking the real ones out (a nonzero, a host sync on a GPU, and
+    a shape that changes with every batch): the same sums, and Dynamo captures it whole."""
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=20, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                          d_ff=32)).eval()
+    batch = make_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13, 14]])
+    criterion = LabelSmoothingLoss(20, 0, 0.1, reduction="sum")
+    loss, nll = batch_loss(model, batch, criterion)
+    memory, src_mask = model.encode(batch.src)  # the reference: only the real positions reach the generator
+    keep = batch.tgt_out != 0
+    log_probs = model.generator(model.decode(batch.tgt_in, memory, src_mask)[keep])
+    assert torch.allclose(loss, criterion(log_probs, batch.tgt_out[keep]), atol=1e-5)
+    assert torch.allclose(nll, -log_probs.gather(-1, batch.tgt_out[keep].unsqueeze(-1)).sum(), atol=1e-5)
+    compiled = torch.compile(lambda b: batch_loss(model, b, criterion), backend="eager", fullgraph=True)
+    assert torch.allclose(compiled(batch)[0], loss)
+
+
+@given(st.lists(st.lists(st.integers(1, 99), max_size=6), min_size=1, max_size=5))
+def test_pad_ids_equals_padding_row_by_row(seqs):
+    padded = pad_ids(seqs, pad_id=0)
+    assert padded.shape == (len(seqs), max(map(len, seqs)))
+    for row, seq in zip(padded.tolist(), seqs):
+        assert row == seq + [0] * (padded.shape[1] - len(seq))

@@ -1,12 +1,15 @@
 """Training runs under each precision, compile, resume with other settings, a time budget, and signals."""
 import functools
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -202,3 +205,132 @@ def test_a_signal_saves_mid_epoch_and_the_run_resumes_at_the_same_batch(tmp_path
     losses = [[(r["step"], r["loss"]) for r in load_checkpoint(tmp_path / run_name / "last.pt")["history"]
                if r["kind"] == "train"] for run_name in ("full", "cut")]
     assert losses[0] == losses[1]
+
+
+def test_max_len_past_the_model_positions_is_refused_when_configured():
+    with pytest.raises(ValueError, match="max_len=600: the model has 512 positions .* at most 511"):
+        TrainConfig.from_preset("tiny", max_len=600)
+    TrainConfig.from_preset("tiny", max_len=511)
+
+
+def test_pairs_left_out_are_counted_and_long_validation_pairs_never_reach_the_model(tmp_path, capsys):
+    """A validation sentence longer than the model's positions once failed after a whole epoch."""
+    files = {}
+    pairs = [(f"ein hund {k}", f"a dog {k}") for k in range(40)]
+    for name, lines in [("train.de", [s for s, _ in pairs] + ["sehr " * 30]), ("train.en", [t for _, t in pairs] + ["very"]),
+                        ("val.de", ["ein hund", "hund " * 600]), ("val.en", ["a dog", "dog"])]:
+        files[name] = tmp_path / name
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "train_subset": None, "max_len": 20, "max_steps": 2,
+                                                "vocab_size": 300},
+                                     train_src=files["train.de"], train_tgt=files["train.en"],
+                                     val_src=files["val.de"], val_tgt=files["val.en"])
+    result = train(config, tmp_path / "run", progress=True)
+    setup = result.history[0]
+    assert (setup["train_pairs"], setup["dropped"], setup["val_pairs"], setup["val_dropped"]) == (40, 1, 1, 1)
+    assert "left out: 1 training pair(s) with a side over max_len=20 tokens, 1 validation pair(s)" \
+        in capsys.readouterr().out  # tqdm.write's line
+    assert any(r["kind"] == "val" for r in result.history)
+
+
+def test_old_snapshots_go_only_after_the_new_last_pt(tmp_path, tokenizer, monkeypatch):
+    events = []
+    save = training.save_checkpoint
+    monkeypatch.setattr(training, "save_checkpoint", lambda obj, path: (events.append(("save", Path(path).name)),
+                                                                        save(obj, path))[1])
+    unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (events.append(("delete", self.name)),
+                                                               unlink(self, *a, **k))[1])
+    train(TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2, "epochs": 4}), tmp_path, progress=False,
+          tokenizer=tokenizer)
+    kept = [name for kind, name in events if kind == "save" and name.startswith("average")]  # one per epoch
+    deleted = [k for k, e in enumerate(events) if e == ("delete", kept[0])]
+    assert deleted, events
+    assert events[deleted[0] - 1] == ("save", "last.pt") and ("save", kept[2]) in events[:deleted[0]]
+    assert sorted(p.name for p in tmp_path.glob("average*.pt")) == kept[2:]
+
+
+def test_validation_points_by_steps_with_last_pt_on_its_own_cadence(tmp_path, tokenizer, monkeypatch):
+    saved = []
+    save = training.save_checkpoint
+    monkeypatch.setattr(training, "save_checkpoint", lambda obj, path: (saved.append((Path(path).name, obj["step"])),
+                                                                        save(obj, path))[1])
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2, "epochs": 2}, eval_every=3,
+                                     checkpoint_every=4, checkpoint_minutes=None)
+    result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
+    steps = result.history[-1]["step"]
+    assert steps > 8 and not config.points_by_epoch
+    vals = [r["step"] for r in result.history if r["kind"] == "val"]
+    assert vals == sorted({*range(3, steps + 1, 3), steps})  # and where the run stopped
+    assert [k for name, k in saved if name == "last.pt"] == [*range(4, steps + 1, 4), steps]  # not at epoch ends
+    assert [k for name, k in saved if name.startswith("average")] == list(range(3, steps + 1, 3))  # weights only
+    assert all(load_checkpoint(tmp_path / name)["kind"] == "weights" for name in os.listdir(tmp_path)
+               if name.startswith("average"))
+
+
+def test_timed_points_resume_to_the_same_averaged_model(tmp_path, tokenizer):
+    config = dict(**{**SMALL, "average_last": 3, "epochs": 5}, eval_every=2, checkpoint_every=3)
+    train(TrainConfig.from_preset("tiny", **config, max_steps=9), tmp_path / "full", progress=False,
+          tokenizer=tokenizer)
+    train(TrainConfig.from_preset("tiny", **config, max_steps=5), tmp_path / "cut", progress=False,
+          tokenizer=tokenizer)
+    shutil.copy(tmp_path / "cut" / "average0000004.pt", tmp_path / "cut" / "average0000007.pt")  # a killed run's
+    train(TrainConfig.from_preset("tiny", **config, max_steps=9), tmp_path / "cut", resume=True, progress=False)
+    full, cut = load_checkpoint(tmp_path / "full" / "model.pt"), load_checkpoint(tmp_path / "cut" / "model.pt")
+    assert full["averaged"] == cut["averaged"] and _same(full["model"], cut["model"])
+
+
+def test_the_share_of_time_outside_training_steps_is_logged_and_printed(tmp_path, tokenizer, capsys):
+    result = train(TrainConfig.from_preset("tiny", **SMALL, max_steps=4), tmp_path, progress=True,
+                   tokenizer=tokenizer)
+    overhead = result.history[-1]
+    assert overhead["kind"] == "overhead" and 0 < overhead["share"] < 1
+    parts = [overhead[k] for k in training.OVERHEAD_PARTS]
+    assert all(p >= 0 for p in parts) and overhead["validation"] > 0 and overhead["saving"] > 0
+    assert sum(parts) == pytest.approx(overhead["share"] * overhead["seconds"])
+    assert "time outside training steps: " in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "model.pt")["history"][-1] == overhead  # tools/record_run.py reads it there
+
+
+def test_float16_loss_scaling_skips_a_step_whose_gradients_overflow(tmp_path, tokenizer, monkeypatch):
+    """The T4's path on the CPU: float16 autocast with a GradScaler; an inf loss leaves the weights alone and
+    halves the scale, and the run goes on."""
+    try:
+        check_runtime(torch.device("cpu"), "fp16")
+    except UnsupportedSetting as err:
+        pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
+    forward = training.LossComputation.forward
+    calls = []
+
+    def overflow_first(self, batch):
+        loss, nll = forward(self, batch)
+        calls.append(1)
+        return (loss * float("inf"), nll) if len(calls) == 1 else (loss, nll)
+
+    monkeypatch.setattr(training.LossComputation, "forward", overflow_first)
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "amp": "fp16"}, max_steps=1)
+    train(config, tmp_path / "one", progress=False, tokenizer=tokenizer)
+    state = load_checkpoint(tmp_path / "one" / "last.pt")
+    torch.manual_seed(config.seed)
+    initial = training.Transformer(config.model_config(tokenizer.vocab_size)).state_dict()
+    assert _same(state["model"], initial)  # the step was skipped
+    assert state["scaler"]["scale"] == 2.0**15  # 2^16 halved
+    calls.clear()
+    result = train(replace(config, max_steps=3), tmp_path / "three", progress=False, tokenizer=tokenizer)
+    assert all(math.isfinite(r["loss"]) for r in result.history if r["kind"] == "train" and r["step"] > 1)
+    assert not _same(load_checkpoint(tmp_path / "three" / "last.pt")["model"], initial)
+
+
+@pytest.mark.parametrize("average_wins", [True, False])
+def test_finish_keeps_the_average_only_when_it_validates_better(tmp_path, tokenizer, monkeypatch, average_wins):
+    losses = iter([3.0, 2.0, 1.0 if average_wins else 2.5])  # the points at steps 2 and 4, then the average
+    monkeypatch.setattr(Trainer, "validate", lambda self: dict.fromkeys(("loss", "nll", "ppl"), next(losses)))
+    train(TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2}, eval_every=2, max_steps=4), tmp_path,
+          progress=False, tokenizer=tokenizer)
+    model = load_checkpoint(tmp_path / "model.pt")
+    kept = [_weights(tmp_path / f"average{k:07d}.pt") for k in (2, 4)]
+    if average_wins:
+        assert model["averaged"] == 2 and _same(model["model"], training.average_weights(kept))
+    else:
+        assert model["averaged"] == 1 and _same(model["model"], _weights(tmp_path / "last.pt"))
+

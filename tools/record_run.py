@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from transformer_lib.data import load_multi30k
+from transformer_lib.training import OVERHEAD_PARTS
 from transformer_lib.translate import Translator, evaluate, evaluate_checkpoint, learning_curve
 
 CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first", "d_ff", "dropout", "attention_dropout",
@@ -65,6 +66,12 @@ def main() -> None:
     record["tokens_per_s"] = round(statistics.median(speeds)) if speeds else None
     record["val_loss_curve"] = [[round(r["minutes"], 2), round(r["val_loss"], 4)] for r in history
                                 if r.get("kind") == "val"]
+    overheads = [r for r in history if r.get("kind") == "overhead"]  # one per start of the run (resumes too)
+    if overheads:
+        seconds = sum(r["seconds"] for r in overheads)
+        record["overhead"] = {"share": round(sum(r["share"] * r["seconds"] for r in overheads) / seconds, 4),
+                              "seconds": round(seconds, 1),
+                              **{k: round(sum(r[k] for r in overheads), 1) for k in OVERHEAD_PARTS}}
     averaged = next((r for r in history if r.get("kind") == "averaged"), None)
     record["checkpoint"] = ("model.pt (the last weights)" if averaged is None or not averaged["kept"] else
                             f"model.pt (the average of the last {averaged['checkpoints']} epoch snapshots)")

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INPUT', 'EXIT_USAGE', 'EXIT_INTERRUPTED', 'CommandError', 'read_lines', 'read_file', 'write_lines',
-           'default_preset', 'add_decoding_options', 'build_parser', 'positive', 'load_translator', 'run_train',
-           'run_evaluate', 'run_translate', 'main']
+           'default_preset', 'add_decoding_options', 'build_parser', 'positive', 'device_option', 'writable_output',
+           'load_translator', 'run_train', 'run_evaluate', 'run_translate', 'main']
 
 # %% ../book/appendix_b_command_line.ipynb #248544fa
 import argparse
@@ -26,6 +26,7 @@ from transformer_lib.training import (
     ProcessFailure,
     TrainConfig,
     UnsupportedSetting,
+    check_device,
     keep_freed_memory,
     parse_overrides,
     resolve_device,
@@ -95,7 +96,7 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=128, metavar="N",
                    help="sentences decoded together (default: 128)")
     p.add_argument("--device", default="auto",
-                   help="cpu, cuda, cuda:1, ... (default: auto = cuda when available)")
+                   help="cpu, cuda, cuda:1, ..., mps (default: auto = cuda, else mps, when available)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val", nargs=2, metavar=("SRC", "TGT"), default=None, dest="val_files",
                    help="the validation files of your corpus, as --train's")
     p.add_argument("--device", default=None,
-                   help="cpu, cuda, cuda:1, ... (default: the preset's, auto = cuda when available; under "
+                   help="cpu, cuda, cuda:1, ..., mps (default: the preset's, auto = cuda, else mps, when available; under "
                         "torchrun each process takes cuda:LOCAL_RANK)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run_train)
@@ -181,6 +182,31 @@ def positive(name: str, value: int | None) -> None:
         raise CommandError(f"{name} must be at least 1, got {value}", EXIT_USAGE)
 
 
+def device_option(device: str) -> torch.device:
+    """The device that --device names, checked against this machine; CommandError (usage) if it has none such."""
+    try:
+        where = resolve_device(device)
+    except UnsupportedSetting:
+        raise CommandError(f"--device {device}: not a device; use auto, cpu, cuda, cuda:N or mps", EXIT_USAGE) \
+            from None
+    try:
+        check_device(where)
+    except UnsupportedSetting as err:
+        raise CommandError(f"--device: {err}", EXIT_USAGE) from None
+    return where
+
+
+def writable_output(path: str | None) -> None:
+    """CommandError unless the file `path` (if given) can be created or replaced: checked before any work."""
+    if path is None:
+        return
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise CommandError(f"cannot write {path}: the folder {folder} does not exist", EXIT_USAGE)
+    if Path(path).is_dir() or not os.access(folder, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+        raise CommandError(f"cannot write {path}: not a writable file", EXIT_USAGE)
+
+
 def load_translator(args: argparse.Namespace) -> Translator:
     """The Translator of --checkpoint on --device, after checking both."""
     if not args.checkpoint:
@@ -189,10 +215,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
     if not Path(args.checkpoint).exists():
         raise CommandError(f"no checkpoint at {args.checkpoint}: train one with `transformer-lib train`, or "
                            "check the path", EXIT_USAGE)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CommandError(f"--device {args.device}: PyTorch sees no CUDA device here; use --device cpu",
-                           EXIT_USAGE)
-    return Translator.from_checkpoint(args.checkpoint, args.device)
+    return Translator.from_checkpoint(args.checkpoint, device_option(args.device))
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -209,17 +232,20 @@ def run_train(args: argparse.Namespace) -> int:
         config = TrainConfig.from_dict({**config.to_dict(), **dict(zip(CORPUS_FIELDS, args.train_files
                                                                         + args.val_files))})
     if args.device is not None:
-        try:
-            resolve_device(args.device)
-        except UnsupportedSetting:
-            raise CommandError(f"--device {args.device}: not a device; use auto, cpu, cuda or cuda:N", EXIT_USAGE) \
-                from None
+        if os.environ.get("WORLD_SIZE", "1") == "1":  # under torchrun each process takes cuda:LOCAL_RANK
+            device_option(args.device)
+        else:
+            try:
+                resolve_device(args.device)
+            except UnsupportedSetting:
+                raise CommandError(f"--device {args.device}: not a device; use auto, cpu, cuda, cuda:N or mps",
+                                   EXIT_USAGE) from None
         config.device = args.device
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 reports
     out = Path(args.out or Path("runs") / preset)
     resume = args.resume and (out / "last.pt").exists()
     if args.resume and not resume and main_process:
-        print(f"no checkpoint in {out} yet: starting a new run", file=sys.stderr)
+        print(f"--resume: {out} holds no last.pt to resume, so this starts a new run there", file=sys.stderr)
     if not resume and (out / "last.pt").exists():
         raise CommandError(f"{out} already holds a run: add --resume to continue it, or choose another --out",
                            EXIT_USAGE)
@@ -241,8 +267,9 @@ def run_train(args: argparse.Namespace) -> int:
     kept = [r for r in result.history if r["kind"] == "val" or (r["kind"] == "averaged" and r["kept"])]
     last = kept[-1]  # the model in model.pt: the average only when it validated better
     minutes = max(r.get("minutes", 0.0) for r in result.history)
-    print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss {last['val_loss']:.3f}; "
-          f"model in {out / 'model.pt'}")
+    overhead = [r for r in result.history if r["kind"] == "overhead"][-1]
+    print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss {last['val_loss']:.3f}, "
+          f"{overhead['share']:.1%} of the time outside training steps; model in {out / 'model.pt'}")
     return EXIT_OK
 
 
@@ -262,6 +289,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         pairs = load_multi30k(args.split, args.data_dir)
         sources, references = [s for s, _ in pairs], [r for _, r in pairs]
         name = f"Multi30k {args.split}"
+    writable_output(args.output)
     translator = load_translator(args)
     if translator.info.get("train_config", {}).get("direction") == "en-de" and args.src is None:
         sources, references = references, sources
@@ -284,6 +312,7 @@ def run_translate(args: argparse.Namespace) -> int:
     positive("--max-len", args.max_len)
     if args.sentences and args.input:
         raise CommandError("give sentences as arguments or --input FILE, not both", EXIT_USAGE)
+    writable_output(args.output)
     translator = load_translator(args)
     if args.max_len is not None and args.max_len > translator.model.config.max_len:
         raise CommandError(f"--max-len {args.max_len} exceeds the model's {translator.model.config.max_len} "

@@ -23,9 +23,10 @@ def pad_ids(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor
     """Stack id sequences into one (N, L) tensor, padded on the right to the longest one."""
     if len(seqs) == 0:
         raise ValueError("pad_ids needs at least one sequence")
-    out = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)  # (N, L)
-    for row, seq in zip(out, seqs, strict=True):
-        row[: len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    lengths = torch.tensor([len(s) for s in seqs])  # (N,)
+    out = torch.full((len(seqs), int(lengths.max())), pad_id, dtype=torch.long)  # (N, L)
+    real = torch.arange(out.shape[1]) < lengths[:, None]  # (N, L): True where a sequence has a token
+    out[real] = torch.tensor([i for seq in seqs for i in seq], dtype=torch.long)  # row by row, as the mask is read
     return out
 
 
@@ -39,11 +40,15 @@ class Batch:
     n_src_tokens: int  # real (non-pad) source tokens
     n_tgt_tokens: int  # real target tokens: the positions the loss counts
 
-    def to(self, device: torch.device | str) -> "Batch":
-        """The same batch with its tensors on `device`."""
-        return Batch(
-            self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.n_src_tokens, self.n_tgt_tokens
-        )
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """The same batch with its tensors on `device` (non_blocking: a copy from pinned memory need not wait)."""
+        return Batch(self.src.to(device, non_blocking=non_blocking), self.tgt_in.to(device, non_blocking=non_blocking),
+                     self.tgt_out.to(device, non_blocking=non_blocking), self.n_src_tokens, self.n_tgt_tokens)
+
+    def pin_memory(self) -> "Batch":
+        """The same batch in page-locked host memory, which a CUDA GPU can copy from while it computes."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_src_tokens,
+                     self.n_tgt_tokens)
 
 
 def make_batch(
@@ -196,11 +201,10 @@ def batch_loss(model: Transformer, batch: Batch, criterion: LabelSmoothingLoss) 
     """Summed label-smoothed loss and summed negative log-likelihood over the real target tokens of a batch."""
     memory, src_mask = model.encode(batch.src)  # (B, S, D), (B, 1, 1, S)
     hidden = model.decode(batch.tgt_in, memory, src_mask)  # (B, T, D)
-    keep = batch.tgt_out != criterion.pad_id  # (B, T)
-    log_probs = model.generator(hidden[keep]).float()  # (N, V): padded positions never reach the generator
-    labels = batch.tgt_out[keep]  # (N,)
-    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).sum()
-    return criterion(log_probs, labels), nll
+    log_probs = model.generator(hidden).float()  # (B, T, V): log-softmax in float32, padded positions too
+    label_lp = log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    nll = -torch.where(batch.tgt_out != criterion.pad_id, label_lp, 0.0).sum()
+    return criterion(log_probs, batch.tgt_out), nll
 
 # %% ../book/11_training.ipynb #5e5b2a67
 def average_weights(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

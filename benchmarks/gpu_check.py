@@ -1,0 +1,335 @@
+"""One prepared check of the GPU path, in one command: correctness, attention kernels, training speed and MFU, and
+the share of a run's time that validation and checkpoints take.
+
+It needs PyTorch and, from the repository, transformer_lib (found through sys.path, nothing to install) with its
+two pure-Python dependencies, einops and tqdm. On a machine without a network, bring their wheels
+(`pip download einops tqdm --no-deps -d wheels/`) and pass `--wheels wheels/`: a pure-Python wheel is a zip
+archive that Python imports from directly. No data is read: the batches are random token ids of the Multi30k
+batches' shape.
+
+What it prints (and writes as JSON to --out):
+1. the environment: PyTorch, CUDA, the GPU's name and compute capability;
+2. correctness: our model against torch.nn.Transformer with the same (copied) weights in float32, and the largest
+   difference of our log-probabilities under bfloat16 and float16 autocast from the float32 reference, each
+   against its bound;
+3. which SDPA kernel our attention runs, with is_causal and with a padding mask;
+4. training tokens/s of the gpu preset's model (bf16 eager, bf16 compiled, fp16 with loss scaling) and of
+   torch.nn.Transformer of the same shape, each with its MFU: model FLOPs per second over the GPU's published
+   dense bf16 peak (as nanoGPT reports it);
+5. the seconds of one validation, one weights-only snapshot and one full last.pt, and the share of the gpu preset's
+   10 minutes they take at its cadence (eval_minutes, checkpoint_minutes).
+
+Usage: python benchmarks/gpu_check.py --out gpu_check.json             (a CUDA GPU; about 5 minutes on an H100)
+       python benchmarks/gpu_check.py --device cpu --quick --out x.json (a small model; seconds, for CI)
+The last line is ok=<True if every correctness check passed>.
+"""
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # nn.Transformer with norm_first
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# published dense bfloat16 peaks (float16 for the T4), in FLOP/s, by a part of the GPU's name
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "T4": 65e12}
+# bounds on the largest difference of log-probabilities from the float32 reference, relative to 1 + |log p|: a random
+# model's log p is about -log V everywhere, and bfloat16 keeps 8 significant bits, float16 11
+BOUNDS = {"float32": 1e-5, "bfloat16": 0.1, "float16": 0.02}
+
+
+def environment(device: torch.device) -> dict:
+    """PyTorch, CUDA and the GPU's name and capability (or the CPU's)."""
+    env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+    if device.type == "cuda":
+        env.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(device),
+                   capability=".".join(map(str, torch.cuda.get_device_capability(device))))
+    else:
+        env.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return env
+
+
+def reference_pipeline(transformer: nn.Transformer, embed: nn.Embedding, generator: nn.Linear, pe: torch.Tensor,
+                       src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """log-probabilities (B, T, V) of embedding * sqrt(D) + positions -> torch.nn.Transformer -> generator."""
+    d = embed.embedding_dim
+    T = tgt.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # (T, T): True = blocked (PyTorch's rule)
+    out = transformer(embed(src) * math.sqrt(d) + pe[: src.size(1)], embed(tgt) * math.sqrt(d) + pe[:T],
+                      tgt_mask=causal, tgt_is_causal=True, src_key_padding_mask=src == 0,
+                      memory_key_padding_mask=src == 0)  # (B, T, D)
+    return F.log_softmax(generator(out).float(), dim=-1)  # (B, T, V)
+
+
+def reference_parts(shape: dict, device: torch.device) -> tuple[nn.Transformer, nn.Embedding, nn.Linear]:
+    """torch.nn.Transformer of the shape, with one embedding shared by source, target and generator."""
+    transformer = nn.Transformer(shape["d_model"], shape["n_heads"], shape["n_encoder_layers"],
+                                 shape["n_decoder_layers"], shape["d_ff"], dropout=shape["dropout"],
+                                 batch_first=True, norm_first=shape["norm_first"]).to(device)
+    embed = nn.Embedding(shape["vocab_size"], shape["d_model"]).to(device)
+    generator = nn.Linear(shape["d_model"], shape["vocab_size"]).to(device)
+    generator.weight = embed.weight
+    return transformer, embed, generator
+
+
+def random_batch(vocab: int, B: int, S: int, T: int, device: torch.device, seed: int = 0):
+    """A Batch of random ids, right-padded to lengths between half and all of S and T."""
+    from transformer_lib.recipe import make_batch
+
+    g = torch.Generator().manual_seed(seed)
+    src = [torch.randint(4, vocab, (int(torch.randint(S // 2, S, (1,), generator=g)),), generator=g).tolist()
+           for _ in range(B)]
+    tgt = [torch.randint(4, vocab, (int(torch.randint(T // 2, T, (1,), generator=g)),), generator=g).tolist()
+           for _ in range(B)]
+    return make_batch(src, tgt).to(device)
+
+
+def correctness(shape: dict, device: torch.device) -> dict:
+    """Largest differences of our log-probabilities from torch.nn.Transformer's with copied weights."""
+    from transformer_lib.model import Transformer
+    from transformer_lib.positional import sinusoidal_encoding
+
+    torch.manual_seed(0)
+    transformer, embed, generator = reference_parts({**shape, "dropout": 0.0}, device)
+    ours = Transformer.from_torch(transformer, embed, embed, generator).to(device).eval()
+    transformer.eval()
+    pe = sinusoidal_encoding(512, shape["d_model"]).to(device)
+    batch = random_batch(shape["vocab_size"], 16, 20, 18, device, seed=1)
+    real = batch.tgt_in != 0  # (B, T): positions that a loss reads
+    out = {}
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 comparison in float32
+    with torch.no_grad():
+        expected = reference_pipeline(transformer, embed, generator, pe, batch.src, batch.tgt_in)  # (B, T, V)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
+            try:
+                with autocast:
+                    got = ours(batch.src, batch.tgt_in).float()  # (B, T, V)
+            except RuntimeError as err:  # an autocast dtype this device lacks
+                out[str(dtype).replace("torch.", "")] = {"error": str(err).splitlines()[0]}
+                continue
+            name = str(dtype).replace("torch.", "")
+            diff = ((got[real] - expected[real]).abs() / (1 + expected[real].abs())).max().item()
+            out[name] = {"max_rel_diff": diff, "bound": BOUNDS[name], "ok": diff <= BOUNDS[name],
+                         "max_abs_diff": (got[real] - expected[real]).abs().max().item()}
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    return out
+
+
+def sdpa_kernels(shape: dict, device: torch.device, dtype: torch.dtype | None) -> dict:
+    """The aten kernel our attention dispatches to, with is_causal=True and with a padding mask."""
+    from transformer_lib.attention import MultiHeadAttention, padding_mask
+
+    attn = MultiHeadAttention(shape["d_model"], shape["n_heads"]).to(device).eval()
+    x = torch.randn(8, 24, shape["d_model"], device=device)  # (B, T, D)
+    ids = torch.randint(4, 100, (8, 24), device=device)
+    ids[:, 20:] = 0
+    cases = {"is_causal": dict(is_causal=True), "padding mask": dict(mask=padding_mask(ids, 0))}
+    found = {}
+    for name, kwargs in cases.items():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with torch.no_grad(), torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
+                attn(x, x, **kwargs)
+        kernels = sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name.startswith("aten::_")})
+        found[name] = kernels or ["(no SDPA kernel)"]
+    return found
+
+
+def step_flops(shape: dict, B: int, S: int, T: int) -> float:
+    """Model FLOPs of one training step (forward and backward: 6 per weight per token, plus attention's products)."""
+    D, F_, V = shape["d_model"], shape["d_ff"], shape["vocab_size"]
+    Le, Ld = shape["n_encoder_layers"], shape["n_decoder_layers"]
+    weights = 6 * (Le * (4 * D * D + 2 * D * F_) * B * S + (Ld * (8 * D * D + 2 * D * F_) + D * V) * B * T)
+    attention = 12 * D * (Le * S * B * S + Ld * (T + S) * B * T)  # Q K^T and weights x V, forward and backward
+    return float(weights + attention)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps: int, quick: bool) -> dict:
+    """Training tokens/s (source + target, padded) and MFU of each mode, the median of `steps` timed steps."""
+    from transformer_lib.model import Transformer, TransformerConfig
+    from transformer_lib.positional import sinusoidal_encoding
+    from transformer_lib.recipe import LabelSmoothingLoss
+    from transformer_lib.training import LossComputation
+
+    batch = random_batch(shape["vocab_size"], B, S, T, device)
+    tokens = B * (batch.src.size(1) + batch.tgt_in.size(1))
+    flops = step_flops(shape, B, batch.src.size(1), batch.tgt_in.size(1))
+    peak = next((v for k, v in PEAK_FLOPS.items() if device.type == "cuda" and k in torch.cuda.get_device_name(device)),
+                None)
+    modes = {"ours bf16 eager": (torch.bfloat16, False, "ours"), "ours bf16 compiled": (torch.bfloat16, True, "ours"),
+             "ours fp16 + GradScaler": (torch.float16, False, "ours"),
+             "nn.Transformer bf16 eager": (torch.bfloat16, False, "torch")}
+    results = {}
+    for name, (dtype, compiled, which) in modes.items():
+        if compiled and quick:
+            results[name] = {"error": "skipped with --quick (Dynamo alone takes half a minute on two cores)"}
+            continue
+        torch.manual_seed(0)
+        if which == "ours":
+            config = TransformerConfig(**{k: shape[k] for k in ("vocab_size", "d_model", "n_heads", "n_encoder_layers",
+                                                                "n_decoder_layers", "d_ff", "dropout", "norm_first")})
+            model = Transformer(config).to(device)
+            net = LossComputation(model, LabelSmoothingLoss(shape["vocab_size"], 0, 0.1, reduction="sum"))
+            loss_fn = lambda: net(batch)[0]  # noqa: E731
+        else:
+            transformer, embed, generator = reference_parts(shape, device)
+            model = nn.ModuleList([transformer, embed, generator])
+            pe = sinusoidal_encoding(512, shape["d_model"]).to(device)
+
+            def loss_fn():
+                log_probs = reference_pipeline(transformer, embed, generator, pe, batch.src, batch.tgt_in)
+                return F.nll_loss(log_probs.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0, reduction="sum")
+        net_or_fn = torch.compile(loss_fn) if compiled else loss_fn
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+        scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+        times = []
+        try:
+            compile_start = time.perf_counter()
+            for k in range(steps + 2):  # two warm-up steps (with compilation)
+                sync(device)
+                start = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device.type, dtype=dtype):
+                    loss = net_or_fn()
+                scaler.scale(loss / B).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                sync(device)
+                times.append(time.perf_counter() - start)
+                if k == 1:
+                    warm_up = time.perf_counter() - compile_start
+        except RuntimeError as err:
+            results[name] = {"error": str(err).splitlines()[0]}
+            continue
+        step = statistics.median(times[2:])
+        results[name] = {"tokens_per_s": tokens / step, "step_s": step, "warm_up_s": warm_up,
+                         "mfu": flops / step / peak if peak else None}
+        del model, optimizer
+    return results
+
+
+def overhead_share(shape: dict, device: torch.device, B: int, S: int, T: int, val_batches: int) -> dict:
+    """Seconds of one validation, one weights snapshot and one last.pt, and their share of the gpu preset's run."""
+    from transformer_lib.checkpoints import save_checkpoint
+    from transformer_lib.model import Transformer, TransformerConfig
+    from transformer_lib.recipe import LabelSmoothingLoss, batch_loss
+    from transformer_lib.training import PRESETS, resolve_amp
+
+    torch.manual_seed(0)
+    config = TransformerConfig(**{k: shape[k] for k in ("vocab_size", "d_model", "n_heads", "n_encoder_layers",
+                                                        "n_decoder_layers", "d_ff", "dropout", "norm_first")})
+    model = Transformer(config).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), fused=device.type == "cuda")
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # Adam's moments exist, as in a run's last.pt
+    criterion = LabelSmoothingLoss(shape["vocab_size"], 0, 0.1, reduction="sum")
+    batches = [random_batch(shape["vocab_size"], B, S, T, device, seed=k) for k in range(val_batches)]
+    amp = resolve_amp("auto", device)
+    model.eval()
+    sync(device)
+    start = time.perf_counter()
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp) if amp else nullcontext():
+        sums = torch.stack([torch.stack(batch_loss(model, b, criterion)) for b in batches]).sum(0)
+    sums.tolist()
+    validation = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        save_checkpoint({"model": model.state_dict()}, Path(folder) / "average.pt")
+        snapshot = time.perf_counter() - start
+        start = time.perf_counter()
+        save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(folder) / "last.pt")
+        last = time.perf_counter() - start
+        size = (Path(folder) / "last.pt").stat().st_size
+    gpu = PRESETS["gpu"]
+    minutes = gpu["max_minutes"]
+    points, saves = minutes / gpu["eval_minutes"], minutes / gpu["checkpoint_minutes"]
+    spent = points * (validation + snapshot) + saves * last + validation * 2  # + the averaged model's and the end's
+    return {"validation_s": validation, "snapshot_s": snapshot, "last_pt_s": last, "last_pt_mb": size / 1e6,
+            "validation_points": points, "last_pt_writes": saves, "share_of_gpu_preset": spent / (60 * minutes)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--quick", action="store_true", help="a small model and few steps (for the CPU and CI)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: nowhere)")
+    parser.add_argument("--wheels", type=Path, default=None,
+                        help="a folder of pure-Python wheels (einops, tqdm) to import from, without installing")
+    args = parser.parse_args()
+    if args.wheels is not None:
+        sys.path[1:1] = [str(w) for w in sorted(args.wheels.glob("*.whl"))]
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this PyTorch sees no CUDA device; use --device cpu --quick")
+    from transformer_lib.training import PRESETS
+
+    gpu = PRESETS["gpu"]
+    shape = {k: gpu[k] for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
+                                 "norm_first")}
+    shape["vocab_size"] = 8000
+    B, S, T, steps, val_batches = 700, 28, 28, 10, 2  # 20,000 tokens a side: the gpu preset's max_tokens
+    if args.quick:
+        shape.update(d_model=64, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=128, vocab_size=1000)
+        B, S, T, steps, val_batches = 16, 12, 12, 2, 2
+    start = time.perf_counter()
+    report = {"environment": environment(device), "quick": args.quick, "shape": shape,
+              "batch": {"sentences": B, "source_tokens": S, "target_tokens": T}}
+    report["correctness"] = correctness(shape, device)
+    report["sdpa_kernels"] = {name: sdpa_kernels(shape, device, dtype)
+                              for name, dtype in [("float32", None), ("bfloat16", torch.bfloat16)]}
+    report["training"] = throughput(shape, device, B, S, T, steps, args.quick)
+    report["overhead"] = overhead_share(shape, device, B, S, T, val_batches)
+    report["seconds"] = time.perf_counter() - start
+    ok = all(v.get("ok", False) for k, v in report["correctness"].items() if k == "float32" or "error" not in v)
+    report["ok"] = ok
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+    env = report["environment"]
+    print(f"torch {env['torch']}, {env.get('gpu', env.get('cpu'))}"
+          + (f" (capability {env['capability']}, CUDA {env['cuda']})" if "gpu" in env else ""))
+    for name, r in report["correctness"].items():
+        print(f"  {name:9} log-probabilities vs nn.Transformer in float32: " + (r["error"] if "error" in r else
+              f"max |diff| / (1 + |log p|) {r['max_rel_diff']:.1e} (bound {r['bound']:.0e}) "
+              f"{'ok' if r['ok'] else 'FAILED'}"))
+    for precision, kernels in report["sdpa_kernels"].items():
+        print(f"  SDPA in {precision}: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kernels.items()))
+    print(f"  {'training step':28}{'tokens/s':>12}{'MFU':>8}{'warm-up s':>11}")
+    for name, r in report["training"].items():
+        if "error" in r:
+            print(f"  {name:28}{r['error']}")
+            continue
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        print(f"  {name:28}{r['tokens_per_s']:>12,.0f}{mfu:>8}{r['warm_up_s']:>11.1f}")
+    o = report["overhead"]
+    print(f"  validation {o['validation_s']:.2f} s, weights snapshot {o['snapshot_s']:.2f} s, last.pt "
+          f"{o['last_pt_s']:.2f} s ({o['last_pt_mb']:.0f} MB): {o['share_of_gpu_preset']:.1%} of the gpu preset's "
+          "run at its cadence")
+    print(f"{report['seconds']:.0f} s" + (f"; JSON in {args.out}" if args.out else ""))
+    print(f"ok={ok}")
+
+
+if __name__ == "__main__":
+    main()
