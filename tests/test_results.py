@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib.training import PRESETS
+from transformer_lib.training import PRESETS, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "results").rglob("*.json"))
@@ -143,3 +143,14 @@ def test_the_half_hour_keeps_its_learning_rate_chosen_on_val_on_one_machine():
     assert faster["command"] == same["command"] + " --set lr_factor=1.0"
     assert faster["learning_curve"][0]["cased"] > same["learning_curve"][0]["cased"]  # ahead after 10 minutes...
     assert faster["bleu"]["val"]["cased"] < same["bleu"]["val"]["cased"]  # ...behind at the end
+
+
+def test_the_colab_preset_trains_what_the_measured_cpu_hour_trained():
+    """Chapter 13 sizes the colab preset by the cpu hour's tokens: its model and recipe must be that run's."""
+    hour = _load("cpu.json")["config"]
+    clock = {"max_minutes", "eval_minutes", "checkpoint_minutes", "eval_every", "checkpoint_every", "snapshot_minutes",
+             "device", "amp", "threads", "compile"}  # when and where it runs, not what it learns
+    colab = TrainConfig.from_preset("colab").to_dict()
+    differ = {k: (hour[k], colab[k]) for k in hour if k in colab and k not in clock and hour[k] != colab[k]}
+    assert not differ, differ
+    assert colab["max_minutes"] == 30.0 and colab["eval_minutes"] is not None  # the clock, not the epoch, on a GPU

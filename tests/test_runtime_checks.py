@@ -156,3 +156,21 @@ def test_a_t4_gets_float16_with_loss_scaling(monkeypatch):
     assert training.resolve_amp("auto", torch.device("cuda")) == torch.float16
     _one_gpu(monkeypatch, capability=(8, 0))
     assert training.resolve_amp("auto", torch.device("cuda")) == torch.bfloat16
+
+
+@pytest.mark.parametrize("gpu, expected", [(None, "cpu"), ((7, 5), "colab"), ((7, 0), "colab"), ((8, 0), "gpu"),
+                                           ((9, 0), "gpu")])
+def test_the_machine_picks_its_preset(monkeypatch, gpu, expected):
+    """No GPU: the cpu preset; a GPU without bfloat16 (a T4 is 7.5, a V100 7.0): colab; Ampere (8.0) on: gpu."""
+    monkeypatch.setattr(training, "mps_available", lambda: False)
+    if gpu is None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    else:
+        _one_gpu(monkeypatch, capability=gpu)
+    assert training.machine_preset() == cli.default_preset() == expected
+
+
+def test_an_apple_gpu_trains_the_cpu_preset(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(training, "mps_available", lambda: True)
+    assert training.machine_preset() == "cpu"

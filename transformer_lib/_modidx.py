@@ -486,6 +486,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'transformer_lib/training.py'),
                                           'transformer_lib.training.load_model': ( 'training_at_scale.html#load_model',
                                                                                    'transformer_lib/training.py'),
+                                          'transformer_lib.training.machine_preset': ( 'training_at_scale.html#machine_preset',
+                                                                                       'transformer_lib/training.py'),
                                           'transformer_lib.training.mps_available': ( 'training_at_scale.html#mps_available',
                                                                                       'transformer_lib/training.py'),
                                           'transformer_lib.training.parse_overrides': ( 'training_at_scale.html#parse_overrides',

@@ -28,6 +28,7 @@ from transformer_lib.training import (
     UnsupportedSetting,
     check_device,
     keep_freed_memory,
+    machine_preset,
     parse_overrides,
     resolve_device,
     train,
@@ -85,8 +86,8 @@ def write_lines(lines: Sequence[str], out: BinaryIO) -> None:
 
 # %% ../book/appendix_b_command_line.ipynb #5f412437
 def default_preset() -> str:
-    """The preset that fits this machine: "gpu" when CUDA is available, else "cpu"."""
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    """The preset that fits this machine (`machine_preset`): "gpu", "colab" on a GPU without bfloat16, or "cpu"."""
+    return machine_preset()
 
 
 def add_decoding_options(p: argparse.ArgumentParser) -> None:

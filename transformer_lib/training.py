@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['CORPUS_FIELDS', 'PRESETS', 'SLOW_WORK_HOURS', 'OVERHEAD_PARTS', 'TrainConfig', 'parse_overrides', 'mps_available',
            'resolve_device', 'check_device', 'amp_for_capability', 'cpu_has_native_bf16', 'resolve_amp',
-           'UnsupportedSetting', 'check_runtime', 'evaluate', 'keep_freed_memory', 'ProcessFailure', 'Processes',
-           'start_processes', 'LossComputation', 'step_shard', 'TrainResult', 'Trainer', 'train', 'read_parallel',
-           'read_corpus', 'corpus_tokenizer', 'check_corpus', 'load_model', 'plot_losses', 'CHECKPOINT_FORMAT',
-           'DATA_ORDER_FIELDS', 'CheckpointError', 'check_data_order', 'check_model_config', 'load_checkpoint',
-           'save_checkpoint', 'Batch', 'LabelSmoothingLoss', 'NoamSchedule', 'average_weights', 'batch_loss',
-           'cooldown_factor', 'encode_pairs', 'encode_source', 'make_batch', 'noam_rate', 'pad_ids', 'padding_fraction',
-           'token_batches']
+           'machine_preset', 'UnsupportedSetting', 'check_runtime', 'evaluate', 'keep_freed_memory', 'ProcessFailure',
+           'Processes', 'start_processes', 'LossComputation', 'step_shard', 'TrainResult', 'Trainer', 'train',
+           'read_parallel', 'read_corpus', 'corpus_tokenizer', 'check_corpus', 'load_model', 'plot_losses',
+           'CHECKPOINT_FORMAT', 'DATA_ORDER_FIELDS', 'CheckpointError', 'check_data_order', 'check_model_config',
+           'load_checkpoint', 'save_checkpoint', 'Batch', 'LabelSmoothingLoss', 'NoamSchedule', 'average_weights',
+           'batch_loss', 'cooldown_factor', 'encode_pairs', 'encode_source', 'make_batch', 'noam_rate', 'pad_ids',
+           'padding_fraction', 'token_batches']
 
 # %% ../book/11b_training_at_scale.ipynb #8f0df878
 import ctypes
@@ -222,6 +222,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                 norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4, epochs=1000, max_minutes=10.0,
                 average_last=5, log_every=10, eval_minutes=1.0, checkpoint_minutes=2.0),
 }
+# A GPU without bfloat16, such as Colab's free T4: the cpu preset's model and recipe for half an hour, with points
+# and last.pt by the clock (an epoch takes seconds there, and the run folder may live on a slow network drive).
+PRESETS["colab"] = {**PRESETS["cpu"], "max_minutes": 30.0, "eval_minutes": 1.0, "checkpoint_minutes": 2.0}
 
 
 def _did_you_mean(name: str, names: Sequence[str]) -> str:
@@ -325,6 +328,15 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
             return amp_for_capability(torch.cuda.get_device_capability(device))
         return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else None
     return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+
+
+def machine_preset(device: str = "auto") -> str:
+    """The preset that fits this machine: "gpu" on a CUDA GPU that computes bfloat16, "colab" on an older one
+    (Colab's free T4), "cpu" elsewhere (an Apple GPU included)."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return "cpu"
+    return "gpu" if amp_for_capability(torch.cuda.get_device_capability(dev)) == torch.bfloat16 else "colab"
 
 
 class UnsupportedSetting(ValueError):
