@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 book: env html
 
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
-PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
+PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=12
 # Another numerical path through the same maths: PyTorch's kernels without hand-vectorised code and MKL
 # in its reproducible SSE2 mode. Stored outputs must not depend on the path, so both runs compare the same ones.
 OTHER_KERNELS ?= ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
