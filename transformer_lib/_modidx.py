@@ -95,8 +95,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'transformer_lib/cli.py'),
                                      'transformer_lib.cli.build_parser': ( 'appendix_b_command_line.html#build_parser',
                                                                            'transformer_lib/cli.py'),
-                                     'transformer_lib.cli.default_preset': ( 'appendix_b_command_line.html#default_preset',
-                                                                             'transformer_lib/cli.py'),
                                      'transformer_lib.cli.device_option': ( 'appendix_b_command_line.html#device_option',
                                                                             'transformer_lib/cli.py'),
                                      'transformer_lib.cli.load_translator': ( 'appendix_b_command_line.html#load_translator',

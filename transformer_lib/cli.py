@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INPUT', 'EXIT_USAGE', 'EXIT_INTERRUPTED', 'CommandError', 'read_lines', 'read_file', 'write_lines',
-           'default_preset', 'add_decoding_options', 'build_parser', 'positive', 'device_option', 'writable_output',
-           'load_translator', 'run_train', 'run_evaluate', 'run_translate', 'main']
+           'add_decoding_options', 'build_parser', 'positive', 'device_option', 'writable_output', 'load_translator',
+           'run_train', 'run_evaluate', 'run_translate', 'main']
 
 # %% ../book/appendix_b_command_line.ipynb #248544fa
 import argparse
@@ -85,11 +85,6 @@ def write_lines(lines: Sequence[str], out: BinaryIO) -> None:
     out.flush()
 
 # %% ../book/appendix_b_command_line.ipynb #5f412437
-def default_preset() -> str:
-    """The preset that fits this machine (`machine_preset`): "gpu", "colab" on a GPU without bfloat16, or "cpu"."""
-    return machine_preset()
-
-
 def add_decoding_options(p: argparse.ArgumentParser) -> None:
     """The options evaluate and translate share: --beam, --batch-size, --device."""
     p.add_argument("--beam", type=int, default=4, metavar="K",
@@ -117,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Under `torchrun --nproc_per_node=N` it trains data-parallel with N processes.")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model size and budget: tiny (a smoke test, minutes), cpu (60 minutes on a laptop), "
-                        "gpu (10 minutes on one GPU); default: gpu when CUDA is available, else cpu")
+                        "gpu (10 minutes on a GPU with bfloat16), colab (30 minutes on an older GPU such as a T4); "
+                        "default: the machine's (machine_preset)")
     p.add_argument("--out", metavar="DIR", default=None, help="folder for the run (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint (starts a new run if there is "
@@ -221,7 +217,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
 
 def run_train(args: argparse.Namespace) -> int:
     """`transformer-lib train`: train (or resume) a run and report where the model went."""
-    preset = args.preset or default_preset()
+    preset = args.preset or machine_preset()
     try:
         config = TrainConfig.from_preset(preset, **parse_overrides(args.overrides))
     except ValueError as err:
