@@ -1,5 +1,5 @@
 """The Translator (chapter 13): one output per input, empty for empty, truncation with a warning, any text;
-BLEU as sacreBLEU computes it; unusable checkpoints give CheckpointError; cross-attention weights."""
+BLEU as sacreBLEU computes it; unusable checkpoints give CheckpointError."""
 import warnings
 
 import pytest
@@ -10,18 +10,13 @@ from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.training import CHECKPOINT_FORMAT, CheckpointError, TrainConfig, save_checkpoint
 from transformer_lib.translate import (
     Translator,
-    alignment,
     bleu,
     clean_text,
-    cross_attention,
     evaluate,
     evaluate_checkpoint,
     learning_curve,
     map_on_cores,
     preset_of,
-    split_words,
-    unsupported_words,
-    word_start_labels,
 )
 
 torch.set_num_threads(1)
@@ -201,18 +196,6 @@ def test_tokenizer_and_model_must_agree(translator):
         Translator(translator.model, BPETokenizer.train(SENTENCES, 290))
 
 
-def test_cross_attention_weights(translator):
-    model = translator.model
-    src = torch.tensor([translator.encode([SENTENCES[0]])[0][0]])  # (1, S)
-    tgt = torch.tensor([[1, 40, 41, 42]])  # (1, T)
-    weights = cross_attention(model, src, tgt)
-    assert weights.shape == (2, 2, 4, src.size(1))  # (L, H, T, S)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 4))
-    assert not any(layer.keep_weights for layer in model.decoder.layers)
-    src_tokens, out_tokens, w = alignment(translator, SENTENCES[1], beam_size=2)
-    assert w.shape[2:] == (len(out_tokens), len(src_tokens))
-
-
 def test_evaluate_checkpoint_gives_the_fields_of_a_results_file(translator, tmp_path):
     history = [{"kind": "setup", "device": "cpu", "parameters": 1}, {"kind": "val", "minutes": 1.25}]
     checkpoint(translator, tmp_path / "model.pt", history=history, step=7)
@@ -276,32 +259,3 @@ def test_a_model_on_the_gpu_is_decoded_there(translator):
     assert on_gpu.device.type == "cuda" and next(on_gpu.model.parameters()).is_cuda
     sentences = SENTENCES + ["Hund"]
     assert len(on_gpu.translate(sentences, beam_size=2)) == len(sentences)
-
-
-def test_word_start_labels_mark_the_pieces_that_start_a_word():
-    assert word_start_labels(["Ein", " Hund", " Schne", "em", "obil", "en", ".", "<eos>"]) == [
-        "▁Ein", "▁Hund", "▁Schne", "em", "obil", "en", ".", "<eos>"]
-    assert word_start_labels(["<bos>", " a"]) == ["<bos>", "▁a"]
-    assert word_start_labels([]) == []
-
-
-def test_split_words_finds_the_words_cut_into_many_pieces(translator):
-    tok = translator.tokenizer
-    sentence = "Ein Hund rennt auf die Wiese. Zwischenstaatlicheverkehrsmittel!"
-    found = dict(split_words(tok, sentence, min_pieces=3))
-    assert "Zwischenstaatlicheverkehrsmittel" in found  # far longer than anything the tokenizer merged
-    for word in ["Ein", "Hund", "rennt", "auf", "die", "Wiese", "Zwischenstaatlicheverkehrsmittel"]:
-        pieces = tok.tokens(" " + word)
-        assert "".join(pieces) == " " + word
-        assert (word in found) == (len(pieces) >= 3)
-        assert word not in found or found[word] == pieces
-    assert split_words(tok, "", min_pieces=1) == []
-    assert [w for w, _ in split_words(tok, "Hund, Katze!", min_pieces=1)] == ["Hund", "Katze"]
-
-
-def test_unsupported_words_are_in_neither_source_nor_reference():
-    assert unsupported_words("A man in a red hat sings.", "Ein Mann mit rotem Hut.", "A man in a red hat.") == [
-        "sings"]
-    assert unsupported_words("Anna und Bob", "Anna und Bob", "") == []  # copied from the source: supported
-    assert unsupported_words("A DOG", "", "a dog") == []  # case does not matter
-    assert unsupported_words("", "x", "y") == []

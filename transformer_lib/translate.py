@@ -4,8 +4,7 @@
 
 # %% auto #0
 __all__ = ['clean_text', 'map_on_cores', 'Translator', 'bleu', 'evaluate', 'preset_of', 'device_description',
-           'evaluate_checkpoint', 'learning_curve', 'cross_attention', 'alignment', 'word_start_labels',
-           'plot_alignment', 'split_words', 'unsupported_words']
+           'evaluate_checkpoint', 'learning_curve']
 
 # %% ../book/13_translator.ipynb #2c8c2d2c
 import json
@@ -233,77 +232,3 @@ def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, 
                        "cased": scores["cased"], "lowercase": scores["lowercase"]})
     translator.model.load_state_dict(final)
     return points
-
-# %% ../book/13_translator.ipynb #9d73aadc
-def cross_attention(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """Cross-attention weights (L, H, T, S) of each decoder layer as it reads tgt (1, T) for src (1, S)."""
-    layers = model.decoder.layers
-    for layer in layers:
-        layer.keep_weights = True
-    try:
-        with evaluating(model):
-            model(src, tgt)  # (1, T, V); the layers keep their weights on the way
-        return torch.stack([layer.cross_attn_weights[0] for layer in layers])  # (L, H, T, S)
-    finally:
-        for layer in layers:
-            layer.keep_weights = False
-            layer.self_attn_weights = layer.cross_attn_weights = None
-
-
-def alignment(translator: Translator, sentence: str,
-              beam_size: int = 4) -> tuple[list[str], list[str], torch.Tensor]:
-    """Translate one sentence; return its source tokens, the output tokens and the weights (L, H, T, S)."""
-    cfg, tok = translator.model.config, translator.tokenizer
-    ids, _ = translator.encode([sentence])
-    src = torch.tensor(ids, device=translator.device)  # (1, S)
-    model = translator.model
-    hyp = (greedy_decode(model, src) if beam_size == 1 else beam_search(model, src, beam_size))[0]
-    produced = [*hyp, cfg.eos_id] if len(hyp) < output_budget(model, src) else hyp  # no eos: out of budget
-    tgt = torch.tensor([[cfg.bos_id, *produced[:-1]]], device=translator.device)  # (1, T): decoder input
-    weights = cross_attention(model, src, tgt).float().cpu()  # (L, H, T, S)
-    return [tok.id_to_token(i) for i in ids[0]], [tok.id_to_token(i) for i in produced], weights
-
-
-def word_start_labels(tokens: Sequence[str]) -> list[str]:
-    """Plot labels of BPE tokens: a piece that starts a word shows "▁" in place of its leading space."""
-    labels = []
-    for i, token in enumerate(tokens):
-        if token.startswith(" "):
-            labels.append("▁" + token[1:])
-        elif i == 0 and not (token.startswith("<") and token.endswith(">")):
-            labels.append("▁" + token)  # the first word of a sentence has no space before it
-        else:
-            labels.append(token)
-    return labels
-
-
-def plot_alignment(weights: torch.Tensor, src_tokens: Sequence[str], out_tokens: Sequence[str],
-                   ax: Any = None, title: str = "cross-attention") -> Any:
-    """Draw weights (T, S) as a heatmap, source tokens across and output tokens down (▁ starts a word)."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        size = (min(0.45 * len(src_tokens) + 2, 14), min(0.35 * len(out_tokens) + 1.5, 12))
-        ax = plt.subplots(figsize=size)[1]
-    image = ax.imshow(weights, cmap="Blues", vmin=0, aspect="auto")
-    ax.figure.colorbar(image, ax=ax, fraction=0.04, label="attention weight")
-    ax.set_xticks(range(len(src_tokens)), word_start_labels(src_tokens), rotation=90)
-    ax.set_yticks(range(len(out_tokens)), word_start_labels(out_tokens))
-    ax.set(xlabel="German source tokens", ylabel="English output tokens", title=title)
-    return ax
-
-# %% ../book/13_translator.ipynb #653f83ce
-def split_words(tokenizer: BPETokenizer, sentence: str, min_pieces: int = 4) -> list[tuple[str, list[str]]]:
-    """The words of sentence that BPE cuts into min_pieces or more tokens (encoded after a space), with the pieces."""
-    found = []
-    for word in re.findall(r"\w+", sentence):
-        pieces = tokenizer.tokens(" " + word)
-        if len(pieces) >= min_pieces:
-            found.append((word, pieces))
-    return found
-
-
-def unsupported_words(hypothesis: str, source: str, reference: str) -> list[str]:
-    """The words of hypothesis (lower-cased) in neither source nor reference: candidates for hallucinations."""
-    seen = set(re.findall(r"\w+", source.lower())) | set(re.findall(r"\w+", reference.lower()))
-    return [word for word in re.findall(r"\w+", hypothesis.lower()) if word not in seen]
