@@ -353,3 +353,24 @@ def test_finish_keeps_the_average_only_when_it_validates_better(tmp_path, tokeni
     else:
         assert model["averaged"] == 1 and _same(model["model"], _weights(tmp_path / "last.pt"))
 
+
+
+def test_chapter_11s_one_screen_loop_takes_the_steps_of_train(tmp_path, tokenizer, book_definition):
+    """Chapter 11 shows the recipe as one short loop and claims the trainer takes the same steps: same seed, same
+    batches, same loss, clipping and schedule. A change to the trainer that breaks the claim fails here."""
+    from torch import nn
+
+    from transformer_lib import LabelSmoothingLoss, NoamSchedule, Transformer
+    from transformer_lib.recipe import batch_loss, encode_pairs, make_batch, noam_rate, token_batches
+    from transformer_lib.tokenizer import PAD_ID, BPETokenizer
+
+    train_loop = book_definition(
+        "11_training.ipynb", "train_loop", torch=torch, nn=nn, TrainConfig=TrainConfig, BPETokenizer=BPETokenizer,
+        encode_pairs=encode_pairs, load_multi30k=load_multi30k, Transformer=Transformer, noam_rate=noam_rate,
+        NoamSchedule=NoamSchedule, LabelSmoothingLoss=LabelSmoothingLoss, PAD_ID=PAD_ID, token_batches=token_batches,
+        make_batch=make_batch, batch_loss=batch_loss)
+    config = TrainConfig.from_preset("tiny", **SMALL, max_steps=6)  # dropout 0.1: the masks must line up too
+    ours = train_loop(config, tokenizer, 6)
+    result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
+    theirs = [r["loss"] for r in result.history if r["kind"] == "train"]
+    assert len(ours) == 6 and ours == pytest.approx(theirs, rel=1e-6, abs=0)
