@@ -208,6 +208,18 @@ def test_a_resume_may_trade_processes_for_accumulation(tmp_path, small_tokenizer
     _assert_close_weights(resumed["model"], two["model"], skip="k_proj.bias")
 
 
+def test_a_resume_may_trade_accumulation_for_processes(tmp_path, small_tokenizer, two_process_run):
+    """The reverse: half the run on 1 process with accum_steps=2, the rest on 2 processes: the same steps again."""
+    train(TrainConfig.from_preset("tiny", **{**SETTINGS, "max_steps": 6}, accum_steps=2), tmp_path / "run",
+          progress=False, tokenizer=BPETokenizer.load(small_tokenizer))
+    _finish(_torchrun(tmp_path, 2, tmp_path / "run", "resume", small_tokenizer))
+    resumed, two = load_checkpoint(tmp_path / "run" / "last.pt"), load_checkpoint(two_process_run / "last.pt")
+    assert resumed["step"] == two["step"] == 12 and resumed["world_size"] == 2
+    losses = _train_losses(tmp_path / "run")
+    assert len(losses) == 12 and torch.allclose(losses, _train_losses(two_process_run), atol=1e-5)
+    _assert_close_weights(resumed["model"], two["model"], skip="k_proj.bias")
+
+
 def test_two_processes_train_compiled(tmp_path, small_tokenizer, two_process_run):
     """DDP around torch.compile's module (Dynamo with the eager backend on the CPU) computes the same losses."""
     _finish(_torchrun(tmp_path, 2, tmp_path / "compiled", "compile", small_tokenizer, compile=True), timeout=300)

@@ -64,35 +64,58 @@ def test_feed_forward_is_position_wise():
     torch.testing.assert_close(ffn(x), expected)
 
 
+def _dropout_mask(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
+    """The kept-and-rescaled mask a dropout of rate p draws from torch's generator seeded with seed: 0 or 1/(1-p)."""
+    torch.manual_seed(seed)
+    return F.dropout(torch.ones(shape), p)
+
+
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dimension, written out: standardise each token, then scale and shift."""
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)  # the biased variance, as the paper's LayerNorm uses
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
 def test_feed_forward_dropout_acts_on_the_hidden_layer_in_training():
     torch.manual_seed(0)
     ffn = PositionwiseFeedForward(D, FF, dropout=0.5)
     x = torch.randn(2, 7, D)
+    w1, b1, w2, b2 = (t.detach() for t in (ffn.linear1.weight, ffn.linear1.bias, ffn.linear2.weight, ffn.linear2.bias))
+    hidden = torch.clamp(x @ w1.T + b1, min=0)  # (B, T, F): max(0, x W1 + b1), Eq. 2
     torch.manual_seed(1)
-    out = ffn(x)
-    torch.manual_seed(1)
-    torch.testing.assert_close(out, ffn.linear2(F.dropout(F.relu(ffn.linear1(x)), 0.5)))
+    out = ffn(x)  # draws its mask of the hidden units as _dropout_mask does with seed 1
+    torch.testing.assert_close(out, (hidden * _dropout_mask((2, 7, FF), 0.5, 1)) @ w2.T + b2)
     ffn.eval()
-    torch.testing.assert_close(ffn(x), ffn.linear2(F.relu(ffn.linear1(x))))
+    torch.testing.assert_close(ffn(x), hidden @ w2.T + b2)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_sublayer_connection_formula(norm_first):
-    """Post-LN norm(x + drop(f(x))), pre-LN x + drop(f(norm(x))); dropout only in training."""
+    """Post-LN LayerNorm(x + drop(f(x))), pre-LN x + drop(f(LayerNorm(x))), with LayerNorm and dropout written
+    out by hand and f a fixed linear map; dropout only in training."""
     torch.manual_seed(0)
     wrap = SublayerConnection(D, dropout=0.5, norm_first=norm_first)
-    ffn = PositionwiseFeedForward(D, FF).eval()
+    with torch.no_grad():  # a LayerNorm that scales and shifts, so its parameters matter
+        wrap.norm.weight.normal_()
+        wrap.norm.bias.normal_()
+    gamma, beta = wrap.norm.weight.detach().clone(), wrap.norm.bias.detach().clone()
+    w = torch.randn(D, D)
+
+    def f(h):
+        return h @ w  # (B, T, D)
+
     x = torch.randn(2, 3, D)
+    mask = _dropout_mask((2, 3, D), 0.5, 1)
 
-    def formula(drop):
-        return x + drop(ffn(wrap.norm(x))) if norm_first else wrap.norm(x + drop(ffn(x)))
+    def formula(m):
+        return x + f(_layer_norm(x, gamma, beta)) * m if norm_first else _layer_norm(x + f(x) * m, gamma, beta)
 
     torch.manual_seed(1)
-    out = wrap(x, ffn)
-    torch.manual_seed(1)
-    torch.testing.assert_close(out, formula(lambda h: F.dropout(h, 0.5)))
+    torch.testing.assert_close(wrap(x, f), formula(mask))
     wrap.eval()
-    torch.testing.assert_close(wrap(x, ffn), formula(lambda h: h))
+    torch.testing.assert_close(wrap(x, f), formula(1.0))
+    assert not torch.allclose(formula(mask), formula(1.0))  # the mask did drop something
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -83,16 +83,35 @@ def test_snapshots_are_kept_every_snapshot_minutes(tmp_path, tokenizer, monkeypa
         TrainConfig(snapshot_minutes=0)
 
 
+@pytest.fixture(scope="module")
+def float32_losses(tmp_path_factory, tokenizer) -> torch.Tensor:
+    """The training losses of 8 float32 steps of SMALL."""
+    result = train(TrainConfig.from_preset("tiny", **SMALL, max_steps=8), tmp_path_factory.mktemp("float32"),
+                   progress=False, tokenizer=tokenizer)
+    return torch.tensor([r["loss"] for r in result.history if r["kind"] == "train"])
+
+
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])  # float32 ("off"): test_training.py and the signal test below
-def test_each_precision_trains_and_resumes_to_identical_weights(tmp_path, tokenizer, amp):
+def test_each_precision_trains_and_resumes_to_identical_weights(tmp_path, tokenizer, amp, float32_losses):
     try:
         check_runtime(torch.device("cpu"), amp)
     except UnsupportedSetting as err:
         pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
-    full = train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": amp}, max_steps=8), tmp_path / "full", progress=False,
-                 tokenizer=tokenizer)
-    losses = [r["loss"] for r in full.history if r["kind"] == "train"]
-    assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
+    linear_dtypes = set()  # the dtype of every nn.Linear's output during the run: autocast's work
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: linear_dtypes.add(out.dtype) if isinstance(module, torch.nn.Linear) else None)
+    try:
+        full = train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": amp}, max_steps=8), tmp_path / "full",
+                     progress=False, tokenizer=tokenizer)
+    finally:
+        hook.remove()
+    reduced = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    assert reduced in linear_dtypes, linear_dtypes  # the matrix products ran in the reduced precision
+    losses = torch.tensor([r["loss"] for r in full.history if r["kind"] == "train"])
+    assert len(losses) == 8 and torch.isfinite(losses).all()
+    # against float32 from the same seed: close (the same model learns), but not equal (the rounding is coarser)
+    apart = (losses - float32_losses).abs() / float32_losses
+    assert 1e-5 < apart.max() < 0.05, apart  # float32 twice gives identical losses: 0 apart
     scaler = load_checkpoint(tmp_path / "full" / "last.pt")["scaler"]
     assert bool(scaler) == (amp == "fp16")  # only float16 needs loss scaling
     train(TrainConfig.from_preset("tiny", **{**SMALL, "amp": amp}, max_steps=5), tmp_path / "cut", progress=False,
@@ -334,3 +353,24 @@ def test_finish_keeps_the_average_only_when_it_validates_better(tmp_path, tokeni
     else:
         assert model["averaged"] == 1 and _same(model["model"], _weights(tmp_path / "last.pt"))
 
+
+
+def test_chapter_11s_one_screen_loop_takes_the_steps_of_train(tmp_path, tokenizer, book_definition):
+    """Chapter 11 shows the recipe as one short loop and claims the trainer takes the same steps: same seed, same
+    batches, same loss, clipping and schedule. A change to the trainer that breaks the claim fails here."""
+    from torch import nn
+
+    from transformer_lib import LabelSmoothingLoss, NoamSchedule, Transformer
+    from transformer_lib.recipe import batch_loss, encode_pairs, make_batch, noam_rate, token_batches
+    from transformer_lib.tokenizer import PAD_ID, BPETokenizer
+
+    train_loop = book_definition(
+        "11_training.ipynb", "train_loop", torch=torch, nn=nn, TrainConfig=TrainConfig, BPETokenizer=BPETokenizer,
+        encode_pairs=encode_pairs, load_multi30k=load_multi30k, Transformer=Transformer, noam_rate=noam_rate,
+        NoamSchedule=NoamSchedule, LabelSmoothingLoss=LabelSmoothingLoss, PAD_ID=PAD_ID, token_batches=token_batches,
+        make_batch=make_batch, batch_loss=batch_loss)
+    config = TrainConfig.from_preset("tiny", **SMALL, max_steps=6)  # dropout 0.1: the masks must line up too
+    ours = train_loop(config, tokenizer, 6)
+    result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
+    theirs = [r["loss"] for r in result.history if r["kind"] == "train"]
+    assert len(ours) == 6 and ours == pytest.approx(theirs, rel=1e-6, abs=0)

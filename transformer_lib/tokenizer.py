@@ -126,11 +126,9 @@ def _write_atomically(path: Path, text: str) -> None:
     finally:
         Path(tmp).unlink(missing_ok=True)
 
-# %% ../book/01_tokens.ipynb #defeabc2
-class BPETokenizer:
-    """Byte-level byte-pair encoding (Sennrich et al., 2016): any Unicode string encodes, and decodes back exactly."""
-
-    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+# %% ../book/01_tokens.ipynb #c2578b00
+class _Vocabulary:
+    """The ids of a byte-level BPE vocabulary and the bytes each stands for: BPETokenizer's decoding half."""
 
     def __init__(self, merges: Sequence[tuple[int, int]], pattern: str = PATTERN):
         """A tokenizer from its merges, in the order they were learned; merge k creates id N_BASE + k."""
@@ -145,20 +143,6 @@ class BPETokenizer:
             self._bytes.append(self._bytes[a] + self._bytes[b])
         self._cache: dict[str, list[int]] = {}
 
-    @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, pattern: str = PATTERN) -> "BPETokenizer":
-        """Learn a vocabulary of at most `vocab_size` tokens (4 special + 256 bytes + merges) from `texts`."""
-        if vocab_size < N_BASE:
-            raise ValueError(
-                f"vocab_size={vocab_size} is too small: it must be at least {N_BASE} "
-                f"({N_SPECIAL} special tokens + 256 bytes)"
-            )
-        split = re.compile(pattern).findall
-        counts: Counter[str] = Counter()
-        for text in texts:
-            counts.update(split(text))
-        return cls(learn_merges(counts, vocab_size - N_BASE), pattern)
-
     @property
     def vocab_size(self) -> int:
         """The number of ids: special tokens, 256 bytes and one per merge."""
@@ -169,37 +153,6 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
-
-    def _encode_piece(self, piece: str) -> list[int]:
-        """The ids of one pre-tokenized piece: fuse the earliest-learned adjacent pair until none is left."""
-        ids = [b + N_SPECIAL for b in piece.encode("utf-8")]
-        while len(ids) > 1:
-            new_id = min(self._merged_id.get(pair, _NO_MERGE) for pair in zip(ids, ids[1:]))
-            if new_id == _NO_MERGE:
-                break
-            ids = merge_ids(ids, self.merges[new_id - N_BASE], new_id)
-        return ids
-
-    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
-        """Token ids of `text`, optionally with <bos> first and <eos> last."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        out = [BOS_ID] if bos else []
-        cache = self._cache
-        for piece in self._split(text):
-            ids = cache.get(piece)
-            if ids is None:
-                if len(cache) >= 1 << 18:  # bound the memory on endless streams of new text
-                    cache.clear()
-                ids = cache[piece] = self._encode_piece(piece)
-            out.extend(ids)
-        if eos:
-            out.append(EOS_ID)
-        return out
-
-    def encode_batch(self, texts: Iterable[str], bos: bool = False, eos: bool = False) -> list[list[int]]:
-        """encode() of each text."""
-        return [self.encode(text, bos=bos, eos=eos) for text in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`, skipping special tokens; bytes that are not valid UTF-8 become U+FFFD."""
@@ -221,9 +174,9 @@ class BPETokenizer:
             return SPECIAL_TOKENS[i]
         return _readable(self._bytes[i])
 
-    def tokens(self, text: str) -> list[str]:
-        """The readable tokens of `text`: [id_to_token(i) for i in encode(text)]."""
-        return [self.id_to_token(i) for i in self.encode(text)]
+# %% ../book/01_tokens.ipynb #a002c792
+class _JSONForm:
+    """BPETokenizer's JSON form (format, pattern, special tokens, merges): to and from a dict, to and from a file."""
 
     def to_dict(self) -> dict:
         """A JSON-ready description of the tokenizer (format, pattern, special tokens, merges)."""
@@ -257,6 +210,61 @@ class BPETokenizer:
     def load(cls, path: str | Path) -> "BPETokenizer":
         """Read a tokenizer written by save()."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+# %% ../book/01_tokens.ipynb #defeabc2
+class BPETokenizer(_Vocabulary, _JSONForm):
+    """Byte-level byte-pair encoding (Sennrich et al., 2016): any Unicode string encodes, and decodes back exactly."""
+
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, pattern: str = PATTERN) -> "BPETokenizer":
+        """Learn a vocabulary of at most `vocab_size` tokens (4 special + 256 bytes + merges) from `texts`."""
+        if vocab_size < N_BASE:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small: it must be at least {N_BASE} "
+                f"({N_SPECIAL} special tokens + 256 bytes)"
+            )
+        split = re.compile(pattern).findall
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update(split(text))
+        return cls(learn_merges(counts, vocab_size - N_BASE), pattern)
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        """The ids of one pre-tokenized piece: fuse the earliest-learned adjacent pair until none is left."""
+        ids = [b + N_SPECIAL for b in piece.encode("utf-8")]
+        while len(ids) > 1:
+            new_id = min(self._merged_id.get(pair, _NO_MERGE) for pair in zip(ids, ids[1:]))
+            if new_id == _NO_MERGE:
+                break
+            ids = merge_ids(ids, self.merges[new_id - N_BASE], new_id)
+        return ids
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        """Token ids of `text`, optionally with <bos> first and <eos> last."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        out = [BOS_ID] if bos else []
+        cache = self._cache
+        for piece in self._split(text):
+            ids = cache.get(piece)
+            if ids is None:
+                if len(cache) >= 1 << 18:  # bound the memory on endless streams of new text
+                    cache.clear()
+                ids = cache[piece] = self._encode_piece(piece)
+            out.extend(ids)
+        if eos:
+            out.append(EOS_ID)
+        return out
+
+    def encode_batch(self, texts: Iterable[str], bos: bool = False, eos: bool = False) -> list[list[int]]:
+        """encode() of each text."""
+        return [self.encode(text, bos=bos, eos=eos) for text in texts]
+
+    def tokens(self, text: str) -> list[str]:
+        """The readable tokens of `text`: [id_to_token(i) for i in encode(text)]."""
+        return [self.id_to_token(i) for i in self.encode(text)]
 
 # %% ../book/01_tokens.ipynb #75ca8992
 def multi30k_tokenizer(vocab_size: int = 8000, data_dir: str | Path | None = None) -> BPETokenizer:
