@@ -251,12 +251,13 @@ def architecture(chapter: int | None = None) -> Figure:
         output = (gen.x - BW / 2, gen.y + BH / 2)
         targets = {5: (enc[0].x - BW / 2 + 0.4, enc[0].y + BH), 6: (enc[0].x - BW / 2 + 0.4, enc[0].y + BH),
                    7: (enc[2].x - BW / 2 + 0.4, enc[-1].y + BH + 0.02), 8: (enc_stack.x0 + 1.2, enc_stack.y1),
-                   9: (dec_stack.x0, dec_stack.y1 - 0.9), 10: output, 11: output, 12: output, 13: output, 14: output}
+                   9: (dec_stack.x0, dec_stack.y1 - 0.9), 10: output, 11: output, 12: output, 13: output, 14: output, 15: output}
         texts = {5: "chapter 5: attention, the\nfunction in these boxes", 6: "chapter 6: multi-head\nattention",
                  7: "chapter 7: feed-forward,\nresiduals, add & norm", 8: "chapter 8: the encoder",
                  9: "chapter 9: the decoder", 10: "chapter 10: the generator\nand the whole model",
                  11: "chapter 11: training\nthe whole model", 12: "chapter 12: decoding,\none token at a time",
-                 13: "chapter 13: the trained\ntranslator", 14: "chapter 14: beyond\nthe paper"}
+                 13: "chapter 13: the trained\ntranslator", 14: "chapter 14: inside the\ntrained translator",
+                 15: "chapter 15: beyond\nthe paper"}
         ax.text(0.45, top, "You are here", ha="left", va="top", fontsize=TITLE_SIZE + 1, color=HIGHLIGHT,
                 fontweight="bold")
         ax.text(0.45, top - 0.32, "(the model of chapters 3-10)" if whole else "(grey: built in other chapters)",
@@ -639,6 +640,7 @@ FIGURE_BUILDERS: dict[str, Callable[[], Figure]] = {
     "architecture_ch12": lambda: architecture(12),
     "architecture_ch13": lambda: architecture(13),
     "architecture_ch14": lambda: architecture(14),
+    "architecture_ch15": lambda: architecture(15),
     "post_pre_ln": post_pre_ln,
     "memory_flow": memory_flow,
     "kv_cache": kv_cache,
