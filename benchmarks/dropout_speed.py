@@ -28,7 +28,8 @@ from transformer_lib.data import load_multi30k
 from transformer_lib.model import Transformer
 from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, encode_pairs, make_batch, token_batches
 from transformer_lib.tokenizer import multi30k_tokenizer
-from transformer_lib.training import TrainConfig, _autocast, _training_attention, resolve_amp
+from transformer_lib.config import TrainConfig
+from transformer_lib.runtime import autocast, resolve_amp, training_attention
 
 SETTINGS = {  # name: (attention_dropout, ffn_dropout, use the trainer's CPU kernel choice)
     "everywhere": (0.1, 0.1, True),

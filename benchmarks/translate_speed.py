@@ -29,7 +29,9 @@ from transformer_lib import decoding, translate
 from transformer_lib.data import load_multi30k
 from transformer_lib.model import Transformer
 from transformer_lib.tokenizer import multi30k_tokenizer
-from transformer_lib.training import CHECKPOINT_FORMAT, TrainConfig, keep_freed_memory, save_checkpoint
+from transformer_lib.checkpoints import CHECKPOINT_FORMAT, save_checkpoint
+from transformer_lib.config import TrainConfig
+from transformer_lib.runtime import keep_freed_memory
 from transformer_lib.translate import Translator
 
 

@@ -13,7 +13,8 @@ import torch
 from transformer_lib.cli import EXIT_INPUT, EXIT_OK, EXIT_USAGE, main, read_lines
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.training import CHECKPOINT_FORMAT, TrainConfig, save_checkpoint
+from transformer_lib.checkpoints import CHECKPOINT_FORMAT, save_checkpoint
+from transformer_lib.config import TrainConfig
 from transformer_lib.translate import Translator
 
 SENTENCES = ["Ein Hund läuft über die Straße.", "A dog runs across the street."]
@@ -169,7 +170,7 @@ def test_train_device_option(tmp_path, capsys):
 def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys, monkeypatch):
     """A rejected average is logged, but the loss printed is that of the last weights, which model.pt holds."""
     import transformer_lib.cli as cli
-    from transformer_lib.training import TrainResult
+    from transformer_lib.loop import TrainResult
 
     def fake_train(config, out, **kwargs):
         history = [{"kind": "val", "step": 10, "val_loss": 1.25, "minutes": 1.0},

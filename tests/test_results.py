@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib.training import PRESETS, TrainConfig
+from transformer_lib.config import PRESETS, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "results").rglob("*.json"))

@@ -7,14 +7,15 @@ import torch
 
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.training import CHECKPOINT_FORMAT, CheckpointError, TrainConfig, save_checkpoint
+from transformer_lib.checkpoints import CHECKPOINT_FORMAT, CheckpointError, save_checkpoint
+from transformer_lib.config import TrainConfig
 from transformer_lib.translate import (
     Translator,
     alignment,
     bleu,
     clean_text,
     cross_attention,
-    evaluate,
+    evaluate_bleu,
     evaluate_checkpoint,
     learning_curve,
     map_on_cores,
@@ -173,7 +174,7 @@ def test_evaluate_scores_the_translations(translator):
     translations = translator.translate(SENTENCES, beam_size=1)
     # two references are the translations themselves, so the score is well above 0 and tells orders apart
     references = [translations[0], "A dog.", translations[2]]
-    scores = evaluate(translator, list(zip(SENTENCES, references)), beam_size=1)
+    scores = evaluate_bleu(translator, list(zip(SENTENCES, references)), beam_size=1)
     assert scores["hypotheses"] == translations
     expected = bleu(translations, references)
     assert scores["cased"] == expected["cased"] > 0 and scores["lowercase"] == expected["lowercase"]
