@@ -72,7 +72,7 @@ def main() -> None:
         batch = make_batch([src[i] for i in idx], [tgt[i] for i in idx])
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        with _autocast(device, amp), _training_attention(device) if trainer_kernel else nullcontext():
+        with autocast(device, amp), training_attention(device) if trainer_kernel else nullcontext():
             loss, _ = batch_loss(model, batch, criterion)
         (loss / batch.n_tgt_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad_norm)

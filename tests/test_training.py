@@ -238,7 +238,7 @@ def test_training_attention_kernel_gives_the_same_loss_and_gradients():
     batch = make_batch([[5, 6, 7, 8], [9, 10]], [[11, 12], [13, 14, 15, 16, 17]])
     criterion = LabelSmoothingLoss(40, 0, 0.1, reduction="sum")
     results = []
-    for trainer_kernels, context in enumerate((nullcontext(), _training_attention(torch.device("cpu")))):
+    for trainer_kernels, context in enumerate((nullcontext(), training_attention(torch.device("cpu")))):
         model.zero_grad()
         with context:
             flash = torch.backends.cuda.flash_sdp_enabled()  # the switch covers the CPU's flash kernel too
@@ -446,10 +446,10 @@ def test_keep_freed_memory_lets_each_training_step_reuse_the_last_ones_memory():
 
 
 def test_train_and_the_command_line_keep_freed_memory(tmp_path, small_tokenizer, monkeypatch):
-    from transformer_lib import cli, training
+    from transformer_lib import cli, loop
 
     calls = []
-    monkeypatch.setattr(training, "keep_freed_memory", lambda: calls.append("train"))
+    monkeypatch.setattr(loop, "keep_freed_memory", lambda: calls.append("train"))
     monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append("cli"))
     config = TrainConfig.from_preset("tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
                                      train_subset=200, max_tokens=400, max_steps=1, epochs=1, device="cpu")

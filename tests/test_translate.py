@@ -40,7 +40,7 @@ def translator() -> Translator:
 
 
 def checkpoint(translator: Translator, path, **changes) -> None:
-    """Save the translator's model in the format of transformer_lib.training, with some entries changed."""
+    """Save the translator's model in the checkpoint format of the trainer (CHECKPOINT_FORMAT), with some entries changed."""
     obj = {"format": CHECKPOINT_FORMAT, "kind": "model", "model": translator.model.state_dict(),
            "tokenizer": translator.tokenizer.to_dict(), "model_config": translator.model.config.to_dict(),
            "train_config": TrainConfig.from_preset("cpu").to_dict(), "step": 0, "epoch": 0, "history": []}
@@ -245,7 +245,7 @@ def test_learning_curve_scores_each_snapshot_then_the_final_model(translator, tm
         seen.append((float(translator.model.generator.weight.detach().sum()), len(pairs)))
         return {"cased": float(len(seen)), "lowercase": -float(len(seen))}
 
-    monkeypatch.setattr(translate, "evaluate", scored)
+    monkeypatch.setattr(translate, "evaluate_bleu", scored)
     curve = learning_curve(tmp_path, device="cpu")
     assert [(p["minutes"], p["step"], p["final"], p["cased"]) for p in curve] == [
         (1.0, 3, False, 1.0), (2.0, 6, False, 2.0), (3.0, 9, True, 3.0)]

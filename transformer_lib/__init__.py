@@ -8,14 +8,15 @@ __all__ = ['DataError', 'load_multi30k', 'multi30k_dir', 'BPETokenizer', 'multi3
            'MultiHeadAttention', 'causal_mask', 'padding_mask', 'scaled_dot_product_attention', 'Decoder',
            'DecoderLayer', 'Encoder', 'EncoderLayer', 'PositionwiseFeedForward', 'Transformer', 'TransformerConfig',
            'PRESETS', 'CheckpointError', 'LabelSmoothingLoss', 'NoamSchedule', 'TrainConfig', 'load_model', 'train',
-           'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint', 'DecoderOnlyConfig',
-           'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
+           'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint', 'machine_preset',
+           'DecoderOnlyConfig', 'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
 
 # %% ../book/api.ipynb #54a8c7ab
 __version__ = "0.3.0.dev0"
 
 from .data import DataError, load_multi30k, multi30k_dir
 from .tokenizer import BPETokenizer, multi30k_tokenizer
+from .runtime import machine_preset
 from .embeddings import TokenEmbedding
 from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from .attention import KVCache, MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
@@ -33,7 +34,7 @@ _all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k
          "MultiHeadAttention", "causal_mask", "padding_mask", "scaled_dot_product_attention", "Decoder", "DecoderLayer",
          "Encoder", "EncoderLayer", "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS",
          "CheckpointError", "LabelSmoothingLoss", "NoamSchedule", "TrainConfig", "load_model", "train", "beam_search",
-         "greedy_decode", "sample", "Translator", "evaluate_checkpoint",
+         "greedy_decode", "sample", "Translator", "evaluate_checkpoint", "machine_preset",
          "DecoderOnlyConfig", "DecoderOnlyLM", "RotaryEmbedding", "RotaryMultiHeadAttention"]
 
 

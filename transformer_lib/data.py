@@ -116,7 +116,7 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
         Path(tmp).unlink(missing_ok=True)  # gone already after a successful os.replace
 
 
-def read_lines(data: bytes, name: str = "input", invalid: str = "error") -> list[str]:
+def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
     """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes that are not UTF-8:
     invalid="error" raises DataError naming the line, invalid="replace" makes them U+FFFD and warns, naming lines."""
     if invalid not in ("error", "replace"):

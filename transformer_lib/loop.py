@@ -6,6 +6,7 @@
 __all__ = ['TrainResult', 'train', 'plot_losses']
 
 # %% ../book/eng_training_runs.ipynb #cba1d682
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -17,16 +18,15 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .checkpoints import CheckpointError, check_corpus, check_data_order, check_model_config, load_checkpoint
+from .checkpoints import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoints import check_corpus, check_data_order, check_model_config
 from .config import CORPUS_FIELDS, TrainConfig, corpus_tokenizer, directed, read_corpus
 from .data import load_multi30k
 from .distributed import Processes, start_processes
 from .model import Transformer, TransformerConfig
-from .recipe import encode_pairs, padding_fraction
+from .recipe import average_weights, encode_pairs, padding_fraction
 from .runtime import check_runtime, keep_freed_memory
 from .tokenizer import BPETokenizer, multi30k_tokenizer
-from .checkpoints import CHECKPOINT_FORMAT, save_checkpoint
-from .recipe import average_weights
 from .trainer import Trainer, snapshot_paths, write_metrics
 
 # %% ../book/eng_training_runs.ipynb #074cd5a0

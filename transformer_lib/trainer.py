@@ -365,7 +365,7 @@ def _restore(self: Trainer, state: dict[str, Any]) -> None:
     self.history = list(state["history"])
     rngs = state.get("rng_by_rank", [state["rng"]])
     if self.procs.rank < len(rngs):
-        setrng_state(rngs[self.procs.rank], self.device)
+        set_rng_state(rngs[self.procs.rank], self.device)
 
 
 Trainer.state = _state
