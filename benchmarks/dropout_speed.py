@@ -28,7 +28,8 @@ from transformer_lib.data import load_multi30k
 from transformer_lib.model import Transformer
 from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, encode_pairs, make_batch, token_batches
 from transformer_lib.tokenizer import multi30k_tokenizer
-from transformer_lib.training import TrainConfig, _autocast, _training_attention, resolve_amp
+from transformer_lib.config import TrainConfig
+from transformer_lib.runtime import autocast, resolve_amp, training_attention
 
 SETTINGS = {  # name: (attention_dropout, ffn_dropout, use the trainer's CPU kernel choice)
     "everywhere": (0.1, 0.1, True),
@@ -71,7 +72,7 @@ def main() -> None:
         batch = make_batch([src[i] for i in idx], [tgt[i] for i in idx])
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        with _autocast(device, amp), _training_attention(device) if trainer_kernel else nullcontext():
+        with autocast(device, amp), training_attention(device) if trainer_kernel else nullcontext():
             loss, _ = batch_loss(model, batch, criterion)
         (loss / batch.n_tgt_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad_norm)

@@ -169,7 +169,7 @@ def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps:
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.positional import sinusoidal_encoding
     from transformer_lib.recipe import LabelSmoothingLoss
-    from transformer_lib.training import LossComputation
+    from transformer_lib.distributed import LossComputation
 
     batch = random_batch(shape["vocab_size"], B, S, T, device)
     tokens = B * (batch.src.size(1) + batch.tgt_in.size(1))
@@ -233,7 +233,8 @@ def overhead_share(shape: dict, device: torch.device, B: int, S: int, T: int, va
     from transformer_lib.checkpoints import save_checkpoint
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.recipe import LabelSmoothingLoss, batch_loss
-    from transformer_lib.training import PRESETS, resolve_amp
+    from transformer_lib.config import PRESETS
+    from transformer_lib.runtime import resolve_amp
 
     torch.manual_seed(0)
     config = TransformerConfig(**{k: shape[k] for k in ("vocab_size", "d_model", "n_heads", "n_encoder_layers",
@@ -283,7 +284,7 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this PyTorch sees no CUDA device; use --device cpu --quick")
-    from transformer_lib.training import PRESETS
+    from transformer_lib.config import PRESETS
 
     gpu = PRESETS["gpu"]
     shape = {k: gpu[k] for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",

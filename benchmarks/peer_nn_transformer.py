@@ -38,7 +38,7 @@ from torch import nn
 
 from transformer_lib.data import load_multi30k
 from transformer_lib.tokenizer import BOS_ID, EOS_ID, PAD_ID, multi30k_tokenizer
-from transformer_lib.training import PRESETS
+from transformer_lib.config import PRESETS
 from transformer_lib.translate import bleu
 
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")  # nn.Transformer in eval

@@ -4,7 +4,7 @@
    time a user waits, start-up, model loading and writing included.
 2. `Translator.translate` in this process, for a few batch sizes (the command line's default is 128), with the
    translations checked to be the same for every batch size; first at batch 128 with the C library's default
-   allocator settings, then after `keep_freed_memory()` (chapter 11b), which the command line calls; then one
+   allocator settings, then after `keep_freed_memory()` (transformer_lib.runtime), which the command line calls; then one
    batch at a time on all threads (workers=1) against one batch per core (the default), alternated.
 3. Beam search as the previous release ran it: finished sentences kept in the batch, every cache reordered each step:
    the reference, for the ratio on the last line.
@@ -29,7 +29,9 @@ from transformer_lib import decoding, translate
 from transformer_lib.data import load_multi30k
 from transformer_lib.model import Transformer
 from transformer_lib.tokenizer import multi30k_tokenizer
-from transformer_lib.training import CHECKPOINT_FORMAT, TrainConfig, keep_freed_memory, save_checkpoint
+from transformer_lib.checkpoints import CHECKPOINT_FORMAT, save_checkpoint
+from transformer_lib.config import TrainConfig
+from transformer_lib.runtime import keep_freed_memory
 from transformer_lib.translate import Translator
 
 

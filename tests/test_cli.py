@@ -1,4 +1,4 @@
-"""The command line (chapter 13b), run as a user runs it, in subprocesses: translation from arguments and
+"""The command line (appendix B), run as a user runs it, in subprocesses: translation from arguments and
 standard input with lines kept aligned, invalid UTF-8, overlong input, unusable checkpoints and bad options give
 a message and an exit code, never a traceback; --help of every command."""
 import os
@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_lib.cli import EXIT_INPUT, EXIT_OK, EXIT_USAGE, main, read_lines
+from transformer_lib.cli import EXIT_INPUT, EXIT_OK, EXIT_USAGE, main
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.training import CHECKPOINT_FORMAT, TrainConfig, save_checkpoint
+from transformer_lib.checkpoints import CHECKPOINT_FORMAT, save_checkpoint
+from transformer_lib.config import TrainConfig
 from transformer_lib.translate import Translator
 
 SENTENCES = ["Ein Hund läuft über die Straße.", "A dog runs across the street."]
@@ -145,15 +146,6 @@ def test_module_and_console_script_print_the_same_help(workdir):
     assert by_module.stdout == by_script.stdout and b"Exit codes" in by_module.stdout
 
 
-def test_read_lines():
-    assert read_lines(b"") == []
-    assert read_lines(b"a\n") == ["a"]
-    assert read_lines(b"a\r\n\nb") == ["a", "", "b"]
-    assert read_lines(b"\xef\xbb\xbfa\x0cb\n") == ["a\x0cb"]  # BOM dropped; a form feed is not a line break
-    with pytest.warns(UserWarning, match=r"x: 1 line\(s\) are not valid UTF-8 \(line 2\)"):
-        assert read_lines(b"ok\n\xff\n", "x") == ["ok", "\ufffd"]
-
-
 def test_train_device_option(tmp_path, capsys):
     assert main(["train", "--preset", "tiny", "--device", "foo", "--out", str(tmp_path / "r")]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
@@ -168,8 +160,8 @@ def test_train_device_option(tmp_path, capsys):
 
 def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys, monkeypatch):
     """A rejected average is logged, but the loss printed is that of the last weights, which model.pt holds."""
-    import transformer_lib.cli as cli
-    from transformer_lib.training import TrainResult
+    from transformer_lib import loop
+    from transformer_lib.loop import TrainResult
 
     def fake_train(config, out, **kwargs):
         history = [{"kind": "val", "step": 10, "val_loss": 1.25, "minutes": 1.0},
@@ -179,7 +171,7 @@ def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys
             history[1].update(val_loss=1.125, kept=True)
         return TrainResult(None, None, history, out)
 
-    monkeypatch.setattr(cli, "train", fake_train)
+    monkeypatch.setattr(loop, "train", fake_train)  # the command line imports it when it trains
     for average_last, loss in ((5, "1.250"), (2, "1.125")):
         args = ["train", "--preset", "tiny", "--set", f"average_last={average_last}", "--out",
                 str(tmp_path / f"r{average_last}"), "--quiet"]
@@ -207,7 +199,7 @@ def test_an_unwritable_output_is_refused_before_any_translating(workdir, capsys,
 
 
 def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("transformer_lib.cli.train", lambda *args, **kwargs: pytest.skip("reached train"))
+    monkeypatch.setattr("transformer_lib.loop.train", lambda *args, **kwargs: pytest.skip("reached train"))
     with pytest.raises(pytest.skip.Exception):
         main(["train", "--preset", "tiny", "--resume", "--out", str(tmp_path / "empty"), "--quiet"])
     err = capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""transformer_lib.data: verified, atomic downloads from a local HTTP server, the folder search order, loading."""
+"""transformer_lib.data: verified, atomic downloads from a local HTTP server, the folder search order, loading;
+all-or-nothing writes; reading lines of UTF-8 under each policy for bytes that are not UTF-8."""
 import gzip
 import hashlib
 import http.server
@@ -14,10 +15,12 @@ from transformer_lib.data import (
     MULTI30K_SHA256,
     SPLITS,
     DataError,
+    atomic_write,
     cache_dir,
     download_multi30k,
     load_multi30k,
     multi30k_dir,
+    read_lines,
 )
 
 # Small stand-ins for the six files: the real ones are not needed to test the machinery.
@@ -220,3 +223,48 @@ def test_real_multi30k_sizes(monkeypatch):
     assert sizes == {"train": 29000, "val": 1014, "test2016": 1000}
     german, english = load_multi30k("train")[0]
     assert german.startswith("Zwei junge weiße Männer") and english.startswith("Two young, White males")
+
+
+def test_atomic_write_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "sub" / "f.txt"
+    with atomic_write(path, "w") as f:
+        f.write("ünïcode\n")
+    assert path.read_bytes() == "ünïcode\n".encode("utf-8") and path.stat().st_mode & 0o777 == 0o644
+    with atomic_write(path) as f:
+        f.write(b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in path.parent.iterdir()] == ["f.txt"]
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(path) as f:
+            f.write(b"half of the n")
+            raise KeyboardInterrupt
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_read_lines_splits_at_newlines_only_and_drops_a_byte_order_mark():
+    for invalid in ("error", "replace"):
+        assert read_lines(b"", invalid=invalid) == []
+        assert read_lines(b"a\n", invalid=invalid) == ["a"]
+        assert read_lines(b"a\r\n\nb", invalid=invalid) == ["a", "", "b"]
+        assert read_lines(b"\xef\xbb\xbfa\x0cb\n", invalid=invalid) == ["a\x0cb"]  # a form feed is no line break
+
+
+def test_read_lines_raises_naming_the_first_line_that_is_not_utf8():
+    with pytest.raises(DataError, match=r"x: line 2 is not valid UTF-8 \(byte 0xff\)"):
+        read_lines(b"ok\n\xff\n\xfe\n", "x", invalid="error")
+
+
+def test_read_lines_replaces_what_is_not_utf8_and_warns_naming_the_lines():
+    with pytest.warns(UserWarning, match=r"x: 2 line\(s\) are not valid UTF-8 \(line 2, 4\)"):
+        assert read_lines(b"ok\n\xff\nfine\na\xfeb", "x", invalid="replace") == ["ok", "\ufffd", "fine", "a\ufffdb"]
+
+
+def test_read_lines_needs_a_known_policy():
+    with pytest.raises(TypeError):
+        read_lines(b"a\n")  # the policy for bytes that are not UTF-8 is always chosen by the caller
+    with pytest.raises(ValueError, match="'error' or 'replace'"):
+        read_lines(b"a\n", invalid="ignore")

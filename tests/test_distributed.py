@@ -1,4 +1,4 @@
-"""Data-parallel training (transformer_lib.training under torchrun, gloo on the CPU): the same update as one process."""
+"""Data-parallel training (transformer_lib.loop under torchrun, gloo on the CPU): the same update as one process."""
 import json
 import os
 import signal
@@ -14,15 +14,11 @@ import torch
 from transformer_lib.data import load_multi30k
 from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, encode_pairs, make_batch, noam_rate
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.training import (
-    CheckpointError,
-    LossComputation,
-    TrainConfig,
-    load_checkpoint,
-    step_shard,
-    token_batches,
-    train,
-)
+from transformer_lib.checkpoints import CheckpointError, load_checkpoint
+from transformer_lib.config import TrainConfig
+from transformer_lib.distributed import LossComputation, step_shard
+from transformer_lib.loop import train
+from transformer_lib.recipe import token_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0,
@@ -33,23 +29,25 @@ SETTINGS = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d
 WORKER = textwrap.dedent(
     """
     import json, os, sys
-    import transformer_lib.training as training
+    import transformer_lib.trainer as trainer
+    from transformer_lib.config import TrainConfig
+    from transformer_lib.loop import train
     from transformer_lib.tokenizer import BPETokenizer
     out, mode, tokenizer_path, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     if mode == "fail" and os.environ["RANK"] == "1":
         calls = []
-        make_batch = training.make_batch
+        make_batch = trainer.make_batch
         def failing(*args, **kwargs):
             calls.append(1)
             if len(calls) == 3:
                 raise RuntimeError("rank 1 fails on purpose")
             return make_batch(*args, **kwargs)
-        training.make_batch = failing
+        trainer.make_batch = failing
     if mode == "compile":  # Dynamo traces as in a real run; the eager backend skips Inductor's minutes on a CPU
         import functools, torch
         torch.compile = functools.partial(torch.compile, backend="eager")
-    training.train(training.TrainConfig.from_preset("tiny", **settings), out, resume=mode == "resume",
-                   progress=False, tokenizer=BPETokenizer.load(tokenizer_path))
+    train(TrainConfig.from_preset("tiny", **settings), out, resume=mode == "resume",
+          progress=False, tokenizer=BPETokenizer.load(tokenizer_path))
     """
 )
 
@@ -230,13 +228,13 @@ def test_two_processes_train_compiled(tmp_path, small_tokenizer, two_process_run
 def test_waiting_for_rank_0_alone_uses_the_group_with_the_long_timeout(monkeypatch):
     """While rank 0 trains a tokenizer the others wait at a barrier of the slow-work group (SLOW_WORK_HOURS),
     not of NCCL's group, whose 10-minute timeout bounds a training step's collectives."""
-    from transformer_lib import training
+    from transformer_lib import distributed
 
     waits = []
-    monkeypatch.setattr(training.dist, "barrier", lambda group=None: waits.append(group))
+    monkeypatch.setattr(distributed.dist, "barrier", lambda group=None: waits.append(group))
     slow = object()
     for rank in (0, 1):
-        procs = training.Processes(torch.device("cpu"), rank, 2, slow_group=slow)
+        procs = distributed.Processes(torch.device("cpu"), rank, 2, slow_group=slow)
         with procs.main_first():
             pass
-    assert waits == [slow, slow] and training.SLOW_WORK_HOURS >= 1
+    assert waits == [slow, slow] and distributed.SLOW_WORK_HOURS >= 1

@@ -5,8 +5,10 @@ import warnings
 import pytest
 import torch
 
-from transformer_lib import cli, training
-from transformer_lib.training import TrainConfig, UnsupportedSetting, check_runtime
+from transformer_lib import cli, runtime
+from transformer_lib.loop import train
+from transformer_lib.config import TrainConfig
+from transformer_lib.runtime import UnsupportedSetting, check_runtime
 
 CPU = torch.device("cpu")
 
@@ -17,10 +19,10 @@ def test_supported_settings_pass():
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch):
-    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: False)
     with pytest.warns(UserWarning, match="this CPU has no bfloat16 instructions"):
         check_runtime(CPU, "bf16")
-    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_runtime(CPU, "bf16")
@@ -61,7 +63,7 @@ def test_train_refuses_before_touching_data_or_the_run_folder(tmp_path, monkeypa
     monkeypatch.setattr(torch, "autocast", lambda *args, **kwargs: contextlib.nullcontext())
     out = tmp_path / "run"
     with pytest.raises(UnsupportedSetting, match="amp=fp16"):
-        training.train(TrainConfig.from_preset("tiny", amp="fp16"), out, data_dir=tmp_path / "no-data-here")
+        train(TrainConfig.from_preset("tiny", amp="fp16"), out, data_dir=tmp_path / "no-data-here")
     assert not out.exists()
 
 
@@ -108,15 +110,15 @@ def test_command_line_refuses_a_device_in_one_line(tmp_path, capsys, monkeypatch
 
 def test_auto_picks_an_apple_gpu_when_pytorch_reports_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(training, "mps_available", lambda: True)
-    mps = training.resolve_device("auto")
+    monkeypatch.setattr(runtime, "mps_available", lambda: True)
+    mps = runtime.resolve_device("auto")
     assert mps == torch.device("mps")
-    assert training.resolve_amp("auto", mps) is None  # float32: supported by every PyTorch that has mps
-    training.check_device(mps)
-    monkeypatch.setattr(training, "mps_available", lambda: False)
-    assert training.resolve_device("auto") == CPU
+    assert runtime.resolve_amp("auto", mps) is None  # float32: supported by every PyTorch that has mps
+    runtime.check_device(mps)
+    monkeypatch.setattr(runtime, "mps_available", lambda: False)
+    assert runtime.resolve_device("auto") == CPU
     with pytest.raises(UnsupportedSetting, match="device=mps: this PyTorch sees no Apple GPU"):
-        training.check_device(torch.device("mps"))
+        runtime.check_device(torch.device("mps"))
 
 
 def test_cuda_only_calls_stay_behind_a_device_check(monkeypatch):
@@ -126,10 +128,10 @@ def test_cuda_only_calls_stay_behind_a_device_check(monkeypatch):
     for name in ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "get_device_capability"):
         monkeypatch.setattr(torch.cuda, name, no_cuda)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with a GPU, training on the CPU
-    state = training._rng_state(CPU)
+    state = runtime.rng_state(CPU)
     assert set(state) == {"torch", "python"}
-    training._set_rng_state({**state, "cuda": [torch.zeros(8, dtype=torch.uint8)]}, CPU)
-    assert training.resolve_amp("auto", CPU) in (None, torch.bfloat16)
+    runtime.set_rng_state({**state, "cuda": [torch.zeros(8, dtype=torch.uint8)]}, CPU)
+    assert runtime.resolve_amp("auto", CPU) in (None, torch.bfloat16)
 
 
 def test_rng_state_of_the_device_in_use_survives_fewer_gpus(monkeypatch):
@@ -139,38 +141,38 @@ def test_rng_state_of_the_device_in_use_survives_fewer_gpus(monkeypatch):
                                                                                           torch.full((4,), 7)))
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append((state, device)))
     gpu = torch.device("cuda:0")
-    state = training._rng_state(gpu)
+    state = runtime.rng_state(gpu)
     assert torch.equal(state["cuda"], torch.full((4,), 7))  # one state, not one per visible GPU
-    training._set_rng_state(state, gpu)
+    runtime.set_rng_state(state, gpu)
     assert torch.equal(restored[-1][0], torch.full((4,), 7)) and restored[-1][1] == gpu
     eight = [torch.full((4,), k) for k in range(8)]  # the older format: get_rng_state_all of 8 GPUs
-    training._set_rng_state({**state, "cuda": eight}, gpu)
+    runtime.set_rng_state({**state, "cuda": eight}, gpu)
     assert torch.equal(restored[-1][0], eight[0])
-    training._set_rng_state({**state, "cuda": eight[:1]}, torch.device("cuda:3"))  # no state of that GPU: left
+    runtime.set_rng_state({**state, "cuda": eight[:1]}, torch.device("cuda:3"))  # no state of that GPU: left
     assert len(restored) == 2
 
 
 def test_a_t4_gets_float16_with_loss_scaling(monkeypatch):
     """Free Colab's T4 (capability 7.5) has no bfloat16: amp="auto" chooses float16 (the trainer then scales the loss)."""
     _one_gpu(monkeypatch, capability=(7, 5))
-    assert training.resolve_amp("auto", torch.device("cuda")) == torch.float16
+    assert runtime.resolve_amp("auto", torch.device("cuda")) == torch.float16
     _one_gpu(monkeypatch, capability=(8, 0))
-    assert training.resolve_amp("auto", torch.device("cuda")) == torch.bfloat16
+    assert runtime.resolve_amp("auto", torch.device("cuda")) == torch.bfloat16
 
 
 @pytest.mark.parametrize("gpu, expected", [(None, "cpu"), ((7, 5), "colab"), ((7, 0), "colab"), ((8, 0), "gpu"),
                                            ((9, 0), "gpu")])
 def test_the_machine_picks_its_preset(monkeypatch, gpu, expected):
     """No GPU: the cpu preset; a GPU without bfloat16 (a T4 is 7.5, a V100 7.0): colab; Ampere (8.0) on: gpu."""
-    monkeypatch.setattr(training, "mps_available", lambda: False)
+    monkeypatch.setattr(runtime, "mps_available", lambda: False)
     if gpu is None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     else:
         _one_gpu(monkeypatch, capability=gpu)
-    assert training.machine_preset() == expected
+    assert runtime.machine_preset() == expected
 
 
 def test_an_apple_gpu_trains_the_cpu_preset(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(training, "mps_available", lambda: True)
-    assert training.machine_preset() == "cpu"
+    monkeypatch.setattr(runtime, "mps_available", lambda: True)
+    assert runtime.machine_preset() == "cpu"

@@ -1,4 +1,4 @@
-"""Tests for transformer_lib.training: the loss, the schedule, batching, configuration, checkpoints, kill and resume."""
+"""Tests for training (recipe, config, runtime, checkpoints, trainer, loop): the loss, the schedule, batching, configuration, checkpoints, kill and resume."""
 import json
 import math
 import os
@@ -22,25 +22,12 @@ from transformer_lib import load_model
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.recipe import batch_loss
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.training import (
-    CheckpointError,
-    LabelSmoothingLoss,
-    NoamSchedule,
-    TrainConfig,
-    average_weights,
-    cooldown_factor,
-    check_model_config,
-    load_checkpoint,
-    make_batch,
-    pad_ids,
-    noam_rate,
-    parse_overrides,
-    save_checkpoint,
-    token_batches,
-    _training_attention,
-    train,
-)
-from transformer_lib.training import evaluate as validation_loss
+from transformer_lib.checkpoints import CheckpointError, check_model_config, load_checkpoint, save_checkpoint
+from transformer_lib.config import PRESETS, TrainConfig, parse_overrides
+from transformer_lib.loop import train
+from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, average_weights, cooldown_factor, make_batch, noam_rate, pad_ids, token_batches
+from transformer_lib.runtime import training_attention
+from transformer_lib.trainer import validation_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,7 +207,7 @@ def test_batching_shuffles_by_epoch_and_reduces_padding():
 
     assert sorted(longest(a)) != longest(a) != sorted(longest(a), reverse=True)  # batches come in random order
     assert longest(token_batches(src, tgt, 800)) == sorted(longest(a))  # seed=None: by length, no shuffling
-    from transformer_lib.training import padding_fraction
+    from transformer_lib.recipe import padding_fraction
 
     random_batches = [list(range(i, min(i + 30, 2000))) for i in range(0, 2000, 30)]
     assert padding_fraction(a, src, tgt) < 0.1 < padding_fraction(random_batches, src, tgt)
@@ -287,7 +274,7 @@ def test_training_attention_kernel_gives_the_same_loss_and_gradients():
     batch = make_batch([[5, 6, 7, 8], [9, 10]], [[11, 12], [13, 14, 15, 16, 17]])
     criterion = LabelSmoothingLoss(40, 0, 0.1, reduction="sum")
     results = []
-    for trainer_kernels, context in enumerate((nullcontext(), _training_attention(torch.device("cpu")))):
+    for trainer_kernels, context in enumerate((nullcontext(), training_attention(torch.device("cpu")))):
         model.zero_grad()
         with context:
             flash = torch.backends.cuda.flash_sdp_enabled()  # the switch covers the CPU's flash kernel too
@@ -400,7 +387,8 @@ SCRIPT = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from transformer_lib.tokenizer import BPETokenizer
-    from transformer_lib.training import TrainConfig, train
+    from transformer_lib.config import TrainConfig
+    from transformer_lib.loop import train
     config = TrainConfig.from_preset(
         "tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1,
         train_subset=300, max_tokens=400, warmup=20, cooldown=0.5, epochs=5, log_every=3, average_last=2, seed=7)
@@ -478,7 +466,7 @@ def test_a_run_from_before_the_dropout_fields_resumes(tmp_path, small_tokenizer)
 def test_late_inner_dropout_switches_on_at_its_fraction_of_the_budget(tmp_path, small_tokenizer, monkeypatch):
     from transformer_lib.attention import MultiHeadAttention
     from transformer_lib.layers import PositionwiseFeedForward, SublayerConnection
-    from transformer_lib.training import Trainer
+    from transformer_lib.trainer import Trainer
 
     seen = []  # the (attention, FFN, residual) rates of each step
     original = Trainer.train_step
@@ -539,8 +527,10 @@ def _python(script: str) -> str:
 def test_keep_freed_memory_lets_each_training_step_reuse_the_last_ones_memory():
     script = NO_HUGE_PAGES + textwrap.dedent("""
         import resource, torch
-        from transformer_lib import LabelSmoothingLoss, TrainConfig, Transformer
-        from transformer_lib.training import batch_loss, keep_freed_memory, make_batch
+        from transformer_lib.model import Transformer
+        from transformer_lib.config import TrainConfig
+        from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
+        from transformer_lib.runtime import keep_freed_memory
 
         def faults_per_step(steps=3):
             batch_loss(model, batch, criterion)[0].backward()

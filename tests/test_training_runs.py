@@ -15,20 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_lib import training
+from transformer_lib import distributed, loop, runtime, trainer
 from transformer_lib.data import load_multi30k
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.training import (
-    CheckpointError,
-    TrainConfig,
-    Trainer,
-    UnsupportedSetting,
-    amp_for_capability,
-    check_runtime,
-    load_checkpoint,
-    resolve_amp,
-    train,
-)
+from transformer_lib.checkpoints import CheckpointError, load_checkpoint
+from transformer_lib.config import TrainConfig
+from transformer_lib.loop import train
+from transformer_lib.runtime import UnsupportedSetting, amp_for_capability, check_runtime, resolve_amp
+from transformer_lib.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1, train_subset=200,
@@ -51,9 +45,9 @@ def _same(a: dict, b: dict) -> bool:
 
 def test_auto_amp_on_the_cpu_is_bf16_only_with_bf16_instructions(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
     assert resolve_amp("auto", cpu) == torch.bfloat16
-    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: False)
     assert resolve_amp("auto", cpu) is None  # emulated bfloat16 would be many times slower than float32
     assert resolve_amp("bf16", cpu) == torch.bfloat16  # asked for by name, it is what it says
     assert TrainConfig.from_preset("tiny").amp == "off"  # the book's stored outputs: float32 on every CPU
@@ -185,7 +179,8 @@ SCRIPT = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from transformer_lib.tokenizer import BPETokenizer
-    from transformer_lib.training import TrainConfig, train
+    from transformer_lib.config import TrainConfig
+    from transformer_lib.loop import train
     try:
         train(TrainConfig.from_preset("tiny", **json.loads(sys.argv[4])), sys.argv[1], resume=sys.argv[2] == "resume",
               progress=False, tokenizer=BPETokenizer.load(sys.argv[3]))
@@ -254,12 +249,13 @@ def test_pairs_left_out_are_counted_and_long_validation_pairs_never_reach_the_mo
 
 def test_old_snapshots_go_only_after_the_new_last_pt(tmp_path, tokenizer, monkeypatch):
     events = []
-    save = training.save_checkpoint
-    monkeypatch.setattr(training, "save_checkpoint", lambda obj, path: (events.append(("save", Path(path).name)),
-                                                                        save(obj, path))[1])
+    save = trainer.save_checkpoint
+    for module in (trainer, loop):  # the trainer writes last.pt, the loop the weights kept for averaging
+        monkeypatch.setattr(module, "save_checkpoint", lambda obj, path: (events.append(("save", Path(path).name)),
+                                                                          save(obj, path))[1])
     unlink = Path.unlink
-    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (events.append(("delete", self.name)),
-                                                               unlink(self, *a, **k))[1])
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (  # a write's own temporary file is no old snapshot
+        self.name.endswith(".part") or events.append(("delete", self.name)), unlink(self, *a, **k))[1])
     train(TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2, "epochs": 4}), tmp_path, progress=False,
           tokenizer=tokenizer)
     kept = [name for kind, name in events if kind == "save" and name.startswith("average")]  # one per epoch
@@ -271,9 +267,10 @@ def test_old_snapshots_go_only_after_the_new_last_pt(tmp_path, tokenizer, monkey
 
 def test_validation_points_by_steps_with_last_pt_on_its_own_cadence(tmp_path, tokenizer, monkeypatch):
     saved = []
-    save = training.save_checkpoint
-    monkeypatch.setattr(training, "save_checkpoint", lambda obj, path: (saved.append((Path(path).name, obj["step"])),
-                                                                        save(obj, path))[1])
+    save = trainer.save_checkpoint
+    for module in (trainer, loop):  # the trainer writes last.pt, the loop the weights kept for averaging
+        monkeypatch.setattr(module, "save_checkpoint", lambda obj, path: (saved.append((Path(path).name, obj["step"])),
+                                                                          save(obj, path))[1])
     config = TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2, "epochs": 2}, eval_every=3,
                                      checkpoint_every=4, checkpoint_minutes=None)
     result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
@@ -304,7 +301,7 @@ def test_the_share_of_time_outside_training_steps_is_logged_and_printed(tmp_path
                    tokenizer=tokenizer)
     overhead = result.history[-1]
     assert overhead["kind"] == "overhead" and 0 < overhead["share"] < 1
-    parts = [overhead[k] for k in training.OVERHEAD_PARTS]
+    parts = [overhead[k] for k in trainer.OVERHEAD_PARTS]
     assert all(p >= 0 for p in parts) and overhead["validation"] > 0 and overhead["saving"] > 0
     assert sum(parts) == pytest.approx(overhead["share"] * overhead["seconds"])
     assert "time outside training steps: " in capsys.readouterr().out
@@ -318,7 +315,7 @@ def test_float16_loss_scaling_skips_a_step_whose_gradients_overflow(tmp_path, to
         check_runtime(torch.device("cpu"), "fp16")
     except UnsupportedSetting as err:
         pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
-    forward = training.LossComputation.forward
+    forward = distributed.LossComputation.forward
     calls = []
 
     def overflow_first(self, batch):
@@ -326,12 +323,12 @@ def test_float16_loss_scaling_skips_a_step_whose_gradients_overflow(tmp_path, to
         calls.append(1)
         return (loss * float("inf"), nll) if len(calls) == 1 else (loss, nll)
 
-    monkeypatch.setattr(training.LossComputation, "forward", overflow_first)
+    monkeypatch.setattr(distributed.LossComputation, "forward", overflow_first)
     config = TrainConfig.from_preset("tiny", **{**SMALL, "amp": "fp16"}, max_steps=1)
     train(config, tmp_path / "one", progress=False, tokenizer=tokenizer)
     state = load_checkpoint(tmp_path / "one" / "last.pt")
     torch.manual_seed(config.seed)
-    initial = training.Transformer(config.model_config(tokenizer.vocab_size)).state_dict()
+    initial = trainer.Transformer(config.model_config(tokenizer.vocab_size)).state_dict()
     assert _same(state["model"], initial)  # the step was skipped
     assert state["scaler"]["scale"] == 2.0**15  # 2^16 halved
     calls.clear()
@@ -349,7 +346,7 @@ def test_finish_keeps_the_average_only_when_it_validates_better(tmp_path, tokeni
     model = load_checkpoint(tmp_path / "model.pt")
     kept = [_weights(tmp_path / f"average{k:07d}.pt") for k in (2, 4)]
     if average_wins:
-        assert model["averaged"] == 2 and _same(model["model"], training.average_weights(kept))
+        assert model["averaged"] == 2 and _same(model["model"], trainer.average_weights(kept))
     else:
         assert model["averaged"] == 1 and _same(model["model"], _weights(tmp_path / "last.pt"))
 

@@ -7,12 +7,13 @@ import torch
 
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.training import CHECKPOINT_FORMAT, CheckpointError, TrainConfig, save_checkpoint
+from transformer_lib.checkpoints import CHECKPOINT_FORMAT, CheckpointError, save_checkpoint
+from transformer_lib.config import TrainConfig
 from transformer_lib.translate import (
     Translator,
     bleu,
     clean_text,
-    evaluate,
+    evaluate_bleu,
     evaluate_checkpoint,
     learning_curve,
     map_on_cores,
@@ -34,7 +35,7 @@ def translator() -> Translator:
 
 
 def checkpoint(translator: Translator, path, **changes) -> None:
-    """Save the translator's model in the format of transformer_lib.training, with some entries changed."""
+    """Save the translator's model in the checkpoint format of the trainer (CHECKPOINT_FORMAT), with some entries changed."""
     obj = {"format": CHECKPOINT_FORMAT, "kind": "model", "model": translator.model.state_dict(),
            "tokenizer": translator.tokenizer.to_dict(), "model_config": translator.model.config.to_dict(),
            "train_config": TrainConfig.from_preset("cpu").to_dict(), "step": 0, "epoch": 0, "history": []}
@@ -170,7 +171,7 @@ def test_evaluate_scores_the_translations(translator):
     translations = translator.translate(SENTENCES, beam_size=1)
     # two references are the translations themselves, so the score is well above 0 and tells orders apart
     references = [translations[0], "A dog.", translations[2]]
-    scores = evaluate(translator, list(zip(SENTENCES, references)), beam_size=1)
+    scores = evaluate_bleu(translator, list(zip(SENTENCES, references)), beam_size=1)
     assert scores["hypotheses"] == translations
     cased = corpus_bleu(translations, [references]).score  # sacreBLEU itself, on the hypotheses
     lower = corpus_bleu(translations, [references], lowercase=True).score
@@ -231,7 +232,7 @@ def test_learning_curve_scores_each_snapshot_then_the_final_model(translator, tm
         seen.append((float(translator.model.generator.weight.detach().sum()), len(pairs)))
         return {"cased": float(len(seen)), "lowercase": -float(len(seen))}
 
-    monkeypatch.setattr(translate, "evaluate", scored)
+    monkeypatch.setattr(translate, "evaluate_bleu", scored)
     curve = learning_curve(tmp_path, device="cpu")
     assert [(p["minutes"], p["step"], p["final"], p["cased"]) for p in curve] == [
         (1.0, 3, False, 1.0), (2.0, 6, False, 2.0), (3.0, 9, True, 3.0)]

@@ -1,8 +1,8 @@
 """Draw the book's architecture figures with matplotlib and write them as SVG into book/figures/.
 
 The figures are code, not copied images: the encoder-decoder Transformer of the paper's Figure 1 with every box
-labelled by the chapter and the transformer_lib class that builds it, one copy per chapter from 5 to 14 (not
-11a, 11b) that shows where the chapter works, three wiring diagrams (post-LN vs pre-LN, the encoder memory feeding
+labelled by the chapter and the transformer_lib class that builds it, one copy per chapter from 5 to 15 that
+shows where the chapter works, three wiring diagrams (post-LN vs pre-LN, the encoder memory feeding
 every decoder layer, the key/value cache) and four pictures of ideas (queries, keys and values through attention;
 splitting into heads and merging back; teacher forcing; a beam search tree). The SVG output is byte-identical from run to run (fixed hash salt, no
 date), and tests/test_figures.py regenerates it and compares it with the committed files.

@@ -19,8 +19,8 @@ import statistics
 from pathlib import Path
 
 from transformer_lib.data import load_multi30k
-from transformer_lib.training import OVERHEAD_PARTS
-from transformer_lib.translate import Translator, evaluate, evaluate_checkpoint, learning_curve
+from transformer_lib.trainer import OVERHEAD_PARTS
+from transformer_lib.translate import Translator, evaluate_bleu, evaluate_checkpoint, learning_curve
 
 CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first", "d_ff", "dropout", "attention_dropout",
                  "ffn_dropout", "inner_dropout_from", "vocab_size", "max_tokens", "lr_factor", "warmup", "cooldown",
@@ -46,7 +46,7 @@ def main() -> None:
         pairs = load_multi30k("val")
         for beam in args.beam:
             for alpha in args.alpha:
-                s = evaluate(translator, pairs, beam, alpha=alpha)
+                s = evaluate_bleu(translator, pairs, beam, alpha=alpha)
                 print(f"val beam {beam} alpha {alpha}: {s['cased']} cased, {s['lowercase']} lower-cased", flush=True)
         return
     if args.out is None or len(args.beam) != 1 or len(args.alpha) != 1:

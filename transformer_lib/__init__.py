@@ -8,20 +8,23 @@ __all__ = ['DataError', 'load_multi30k', 'multi30k_dir', 'BPETokenizer', 'multi3
            'MultiHeadAttention', 'causal_mask', 'padding_mask', 'scaled_dot_product_attention', 'Decoder',
            'DecoderLayer', 'Encoder', 'EncoderLayer', 'PositionwiseFeedForward', 'Transformer', 'TransformerConfig',
            'PRESETS', 'CheckpointError', 'LabelSmoothingLoss', 'NoamSchedule', 'TrainConfig', 'load_model', 'train',
-           'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint', 'DecoderOnlyConfig',
-           'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
+           'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint', 'machine_preset',
+           'DecoderOnlyConfig', 'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
 
 # %% ../book/api.ipynb #54a8c7ab
 __version__ = "0.3.0.dev0"
 
 from .data import DataError, load_multi30k, multi30k_dir
 from .tokenizer import BPETokenizer, multi30k_tokenizer
+from .runtime import machine_preset
 from .embeddings import TokenEmbedding
 from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from .attention import KVCache, MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
 from .layers import Decoder, DecoderLayer, Encoder, EncoderLayer, PositionwiseFeedForward
 from .model import Transformer, TransformerConfig
-from .training import PRESETS, CheckpointError, LabelSmoothingLoss, NoamSchedule, TrainConfig, load_model, train
+from .recipe import LabelSmoothingLoss, NoamSchedule
+from .config import PRESETS, TrainConfig
+from .checkpoints import CheckpointError, load_model
 from .decoding import beam_search, greedy_decode, sample
 from .translate import Translator, evaluate_checkpoint
 from .beyond import DecoderOnlyConfig, DecoderOnlyLM, RotaryEmbedding, RotaryMultiHeadAttention
@@ -31,5 +34,14 @@ _all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k
          "MultiHeadAttention", "causal_mask", "padding_mask", "scaled_dot_product_attention", "Decoder", "DecoderLayer",
          "Encoder", "EncoderLayer", "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS",
          "CheckpointError", "LabelSmoothingLoss", "NoamSchedule", "TrainConfig", "load_model", "train", "beam_search",
-         "greedy_decode", "sample", "Translator", "evaluate_checkpoint",
+         "greedy_decode", "sample", "Translator", "evaluate_checkpoint", "machine_preset",
          "DecoderOnlyConfig", "DecoderOnlyLM", "RotaryEmbedding", "RotaryMultiHeadAttention"]
+
+
+def __getattr__(name: str) -> object:
+    """`train` is imported on first use, so that a program that only translates never loads the trainer."""
+    if name == "train":
+        from transformer_lib.loop import train
+
+        return train
+    raise AttributeError(f"module 'transformer_lib' has no attribute {name!r}")

@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['MULTI30K_COMMIT', 'MULTI30K_URL', 'MULTI30K_SHA256', 'SPLITS', 'SPLIT_FILES', 'LANGUAGES', 'DATA_ENV', 'CACHE_ENV',
-           'DataError', 'cache_dir', 'sha256_file', 'download_multi30k', 'multi30k_dir', 'load_multi30k']
+           'DataError', 'cache_dir', 'sha256_file', 'fsync_folder', 'atomic_write', 'read_lines', 'download_multi30k',
+           'multi30k_dir', 'load_multi30k']
 
 # %% ../book/appendix_a_data.ipynb #e33c96db
 import gzip
@@ -14,8 +15,11 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
 MULTI30K_URL = (  # {split} is a file stem (train, val, test_2016_flickr), {lang} is de or en
@@ -81,14 +85,70 @@ def _problems(folder: Path, checksums: Mapping[str, str]) -> list[str]:
             found.append(f"{name} has SHA-256 {actual}, expected {expected}")
     return found
 
+# %% ../book/appendix_a_data.ipynb #dc85d2de
+def fsync_folder(folder: str | Path) -> None:
+    """Make the folder's entries (files renamed into it or deleted) durable, where the system allows it (POSIX)."""
+    if os.name != "posix":
+        return  # Windows cannot open a folder as a file; NTFS journals its renames itself
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
+    """Write path all at once or not at all: the block writes a temporary file in the same folder, which is then
+    flushed to the disk and renamed over path (os.replace), and the folder flushed too; on an error it is deleted."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates files readable by their owner only
+        os.replace(tmp, path)
+        fsync_folder(path.parent)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone already after a successful os.replace
+
+
+def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
+    """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes that are not UTF-8:
+    invalid="error" raises DataError naming the line, invalid="replace" makes them U+FFFD and warns, naming lines."""
+    if invalid not in ("error", "replace"):
+        raise ValueError(f"invalid={invalid!r} must be 'error' or 'replace'")
+    raw = data.split(b"\n")
+    if raw[-1] == b"":
+        raw.pop()  # the newline at the end of the last line does not start another line
+    lines, bad = [], []
+    for number, line in enumerate(raw, start=1):
+        line = line.removesuffix(b"\r")
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            if invalid == "error":
+                raise DataError(f"{name}: line {number} is not valid UTF-8 (byte {line[err.start]:#04x}); "
+                                "save the file as UTF-8") from None
+            lines.append(line.decode("utf-8", errors="replace"))
+            bad.append(number)
+    if lines:
+        lines[0] = lines[0].removeprefix("\ufeff")  # a byte-order mark is not part of the text
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+        warnings.warn(f"{name}: {len(bad)} line(s) are not valid UTF-8 (line {shown}); "
+                      "the undecodable bytes were replaced by U+FFFD", stacklevel=2)
+    return lines
+
 # %% ../book/appendix_a_data.ipynb #59e2080f
 def _download_file(url: str, dest: Path, expected_sha256: str, timeout: float, progress: bool) -> None:
-    """Download `url` to `dest` atomically: temporary file in the same folder, hash check, then os.replace."""
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
+    """Download `url` to `dest` all at once or not at all (atomic_write), its SHA-256 checked before the rename."""
     try:
-        digest, received = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with atomic_write(dest) as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            digest, received = hashlib.sha256(), 0
             total = int(response.headers.get("Content-Length") or 0) or None
             bar = _progress_bar(total, dest.name) if progress else None
             while block := response.read(1 << 16):
@@ -99,22 +159,18 @@ def _download_file(url: str, dest: Path, expected_sha256: str, timeout: float, p
                     bar.update(len(block))
             if bar is not None:
                 bar.close()
-        if total is not None and received != total:  # read(n) returns b"" when the server hangs up early
-            raise DataError(
-                f"could not download {dest.name} from {url}: the connection closed after {received} of "
-                f"{total} bytes. {_by_hand()}"
-            )
-        if digest.hexdigest() != expected_sha256:
-            raise DataError(
-                f"{dest.name} downloaded from {url} has SHA-256 {digest.hexdigest()}, expected "
-                f"{expected_sha256}: the download is corrupt or the file changed upstream. {_by_hand()}"
-            )
-        os.chmod(tmp, 0o644)  # mkstemp creates files readable by their owner only
-        os.replace(tmp, dest)
+            if total is not None and received != total:  # read(n) returns b"" when the server hangs up early
+                raise DataError(
+                    f"could not download {dest.name} from {url}: the connection closed after {received} of "
+                    f"{total} bytes. {_by_hand()}"
+                )
+            if digest.hexdigest() != expected_sha256:
+                raise DataError(
+                    f"{dest.name} downloaded from {url} has SHA-256 {digest.hexdigest()}, expected "
+                    f"{expected_sha256}: the download is corrupt or the file changed upstream. {_by_hand()}"
+                )
     except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
         raise DataError(f"could not download {dest.name} from {url}: {error}. {_by_hand()}") from error
-    finally:
-        tmp.unlink(missing_ok=True)  # gone already after a successful os.replace
 
 
 def _progress_bar(total: int | None, name: str):
@@ -166,12 +222,7 @@ def multi30k_dir(data_dir: str | Path | None = None, download: bool = True) -> P
 # %% ../book/appendix_a_data.ipynb #9975d9e3
 def _read_lines(path: Path) -> list[str]:
     """The lines of a gzip-compressed UTF-8 text file, without their newline characters."""
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
-        text = f.read()
-    lines = text.split("\n")
-    if lines[-1] == "":  # the file ends with a newline
-        lines.pop()
-    return lines
+    return read_lines(gzip.decompress(path.read_bytes()), path.name, invalid="error")
 
 
 def load_multi30k(split: str, data_dir: str | Path | None = None) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from .attention import KVCache
 from .layers import LayerCache
 from .model import Transformer
+from .recipe import pad_ids
 
 # %% ../book/12_decoding.ipynb #ffcdbd41
 @contextmanager
@@ -102,9 +103,7 @@ def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alph
     cfg = model.config
     steps = output_budget(model, src, max_len)
     labels = [h + [cfg.eos_id] if len(h) < steps else list(h) for h in hyps]  # finished hypotheses end in eos
-    rows = [torch.tensor(y, dtype=torch.long) for y in labels]
-    tgt_out = nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=cfg.pad_id)  # (B, T)
-    tgt_out = tgt_out.to(src.device)  # (B, T)
+    tgt_out = pad_ids(labels, cfg.pad_id).to(src.device)  # (B, T)
     bos = tgt_out.new_full((len(hyps), 1), cfg.bos_id)  # (B, 1)
     tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=1)  # (B, T): <bos> + hypothesis
     lengths = torch.tensor([len(y) for y in labels], device=src.device)  # (B,)

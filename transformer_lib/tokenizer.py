@@ -11,10 +11,11 @@ import heapq
 import json
 import os
 import re
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+
+from .data import atomic_write, cache_dir, load_multi30k
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -115,16 +116,9 @@ def _readable(data: bytes) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write text to path via a temporary file in the same folder and os.replace, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates files readable by their owner only
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    """Write text to path all at once (atomic_write of appendix A), so readers never see half a file."""
+    with atomic_write(path, "w") as f:
+        f.write(text)
 
 # %% ../book/01_tokens.ipynb #c2578b00
 class _Vocabulary:
@@ -269,8 +263,6 @@ class BPETokenizer(_Vocabulary, _JSONForm):
 # %% ../book/01_tokens.ipynb #75ca8992
 def multi30k_tokenizer(vocab_size: int = 8000, data_dir: str | Path | None = None) -> BPETokenizer:
     """The joint German+English BPE tokenizer of Multi30k's training split, trained once and cached under cache_dir()."""
-    from transformer_lib.data import cache_dir, load_multi30k  # imported here: the data module builds on this one
-
     path = cache_dir() / "tokenizers" / f"multi30k-bpe{vocab_size}-v{_FORMAT_VERSION}.json"
     return cached_tokenizer(path, lambda: load_multi30k("train", data_dir), vocab_size)
 
