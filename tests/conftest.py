@@ -24,6 +24,25 @@ def small_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_translator():
+    """small_translator(sentences, n_decoder_layers=2): a Translator with random weights (seed 0, D=32, 2 heads, two
+    encoder layers) and a 300-token BPE trained on sentences: quick to build, enough to exercise the plumbing."""
+    from transformer_lib.model import Transformer, TransformerConfig
+    from transformer_lib.tokenizer import BPETokenizer
+    from transformer_lib.translate import Translator
+
+    def make(sentences: list[str], n_decoder_layers: int = 2) -> Translator:
+        tokenizer = BPETokenizer.train(sentences, 300)
+        torch.manual_seed(0)
+        model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2,
+                                              n_encoder_layers=2, n_decoder_layers=n_decoder_layers, d_ff=64,
+                                              max_len=24))
+        return Translator(model, tokenizer)
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def book_definition():
     """define(notebook, name, **names): run the code cell of book/notebook that defines `name` (a class or function the
     chapter teaches and the library does not export) in a namespace holding `names`, and return the definition."""

@@ -19,7 +19,6 @@ from transformer_lib.analysis import (
     word_start_labels,
 )
 from transformer_lib.model import Transformer, TransformerConfig
-from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.translate import Translator
 
 torch.set_num_threads(1)
@@ -28,12 +27,8 @@ SENTENCES = ["Ein Hund läuft über die Straße.", "Zwei Männer spielen Fußbal
 
 
 @pytest.fixture(scope="module")
-def translator() -> Translator:
-    tokenizer = BPETokenizer.train(SENTENCES, 300)
-    torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2,
-                                          n_encoder_layers=2, n_decoder_layers=3, d_ff=64, max_len=24))
-    return Translator(model, tokenizer)
+def translator(small_translator) -> Translator:
+    return small_translator(SENTENCES, n_decoder_layers=3)
 
 
 def test_attention_maps_have_every_kind_and_are_softmax_rows(translator):

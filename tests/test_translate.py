@@ -26,12 +26,8 @@ SENTENCES = ["Ein Hund läuft über die Straße.", "Zwei Männer spielen Fußbal
 
 
 @pytest.fixture(scope="module")
-def translator() -> Translator:
-    tokenizer = BPETokenizer.train(SENTENCES, 300)
-    torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2,
-                                          n_encoder_layers=2, n_decoder_layers=2, d_ff=64, max_len=24))
-    return Translator(model, tokenizer)
+def translator(small_translator) -> Translator:
+    return small_translator(SENTENCES)
 
 
 def checkpoint(translator: Translator, path, **changes) -> None:
