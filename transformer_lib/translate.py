@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from .data import load_multi30k
-from .decoding import beam_search, evaluating, greedy_decode, output_budget
+from .decoding import beam_search, evaluating, greedy_decode
 from .model import Transformer
 from .tokenizer import BPETokenizer
 from .checkpoints import CheckpointError, load_checkpoint, load_model
