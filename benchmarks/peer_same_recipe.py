@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 import transformer_lib.trainer as trainer_module
+from transformer_lib.attention import MultiHeadAttention
 from transformer_lib.checkpoints import load_checkpoint, save_checkpoint
 from transformer_lib.config import TrainConfig
 from transformer_lib.loop import train
@@ -89,6 +90,24 @@ class TorchLayers(Transformer):
                                       bos_id=c.bos_id, eos_id=c.eos_id).eval()
 
 
+class TorchInit(Transformer):
+    """Our Transformer initialised as PyTorch initialises nn.MultiheadAttention: Xavier uniform over the packed
+    (3D, D) query/key/value matrix (a bound sqrt(3/2) times smaller than over each (D, D) matrix) and zero biases in
+    attention. The rest is ours. A diagnostic: does the initialisation explain a gap between the two layers?"""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config)
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                packed = torch.empty(3 * config.d_model, config.d_model)  # (3D, D), as nn.MultiheadAttention holds it
+                nn.init.xavier_uniform_(packed)
+                with torch.no_grad():
+                    for proj, rows in zip((module.q_proj, module.k_proj, module.v_proj), packed.chunk(3)):
+                        proj.weight.copy_(rows)  # (D, D)
+                    for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
+                        proj.bias.zero_()
+
+
 def _torch_inner_dropout(original):
     """The trainer's inner-dropout switch, extended to PyTorch's layers."""
 
@@ -105,15 +124,15 @@ def _torch_inner_dropout(original):
 
 
 @contextmanager
-def trained_with_torch_layers() -> Iterator[None]:
-    """While inside, the trainer builds TorchLayers and switches their inner dropout."""
-    model_class, switch = trainer_module.Transformer, trainer_module.Trainer.set_inner_dropout
-    trainer_module.Transformer = TorchLayers
+def trained_with_torch_layers(model_class: type[Transformer] | None = None) -> Iterator[None]:
+    """While inside, the trainer builds model_class (TorchLayers by default) and switches PyTorch's inner dropout."""
+    saved, switch = trainer_module.Transformer, trainer_module.Trainer.set_inner_dropout
+    trainer_module.Transformer = TorchLayers if model_class is None else model_class
     trainer_module.Trainer.set_inner_dropout = _torch_inner_dropout(switch)
     try:
         yield
     finally:
-        trainer_module.Transformer, trainer_module.Trainer.set_inner_dropout = model_class, switch
+        trainer_module.Transformer, trainer_module.Trainer.set_inner_dropout = saved, switch
 
 
 def rewrite_in_our_layout(out: Path) -> None:
@@ -128,14 +147,17 @@ def rewrite_in_our_layout(out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", choices=["torch", "ours"], required=True)
+    parser.add_argument("--layers", choices=["torch", "ours", "ours-torch-init"], required=True)
     parser.add_argument("--out", type=Path, required=True, help="the run folder (a new one)")
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="a budget in steps instead of minutes")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 6 steps on 2,000 pairs")
     args = parser.parse_args()
     overrides = {"max_minutes": args.minutes, "threads": args.threads}
+    if args.steps:
+        overrides.update(max_minutes=None, max_steps=args.steps)
     if args.quick:
         overrides.update(max_minutes=None, max_steps=6, train_subset=2000, log_every=2)
     config = TrainConfig.from_preset(args.preset, **overrides)
@@ -143,6 +165,9 @@ def main() -> None:
         with trained_with_torch_layers():
             result = train(config, args.out)
         rewrite_in_our_layout(args.out)
+    elif args.layers == "ours-torch-init":
+        with trained_with_torch_layers(TorchInit):
+            result = train(config, args.out)
     else:
         result = train(config, args.out)
     params = sum(p.numel() for p in result.model.parameters())
