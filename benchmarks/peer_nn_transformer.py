@@ -190,6 +190,7 @@ def main() -> None:
         "command": "python benchmarks/peer_nn_transformer.py " + " ".join(sys.argv[1:]),
         "device": f"CPU, {os.cpu_count()} cores ({platform.machine()})",
         "torch_version": torch.__version__,
+        "precision": "float32",
         "train_minutes": round(elapsed / 60, 1),
         "steps": step,
         "epochs": round(epoch - 1 + (start + len(idx)) / len(order), 2),

@@ -24,6 +24,7 @@ Usage (the two runs of chapter 13, started together so that they share the machi
 Add --quick for a smoke run (a few steps on 2,000 pairs).
 """
 import argparse
+import tempfile
 import warnings
 from contextlib import contextmanager
 from collections.abc import Iterator
@@ -147,8 +148,8 @@ def rewrite_in_our_layout(out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", choices=["torch", "ours", "ours-torch-init"], required=True)
-    parser.add_argument("--out", type=Path, required=True, help="the run folder (a new one)")
+    parser.add_argument("--layers", choices=["torch", "ours", "ours-torch-init"], default="torch")
+    parser.add_argument("--out", type=Path, help="the run folder (a new one; with --quick, a temporary one)")
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=None)
@@ -161,6 +162,10 @@ def main() -> None:
     if args.quick:
         overrides.update(max_minutes=None, max_steps=6, train_subset=2000, log_every=2)
     config = TrainConfig.from_preset(args.preset, **overrides)
+    if args.out is None:
+        if not args.quick:
+            parser.error("give --out, the run folder")
+        args.out = Path(tempfile.mkdtemp()) / "run"
     if args.layers == "torch":
         with trained_with_torch_layers():
             result = train(config, args.out)

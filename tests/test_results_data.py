@@ -156,3 +156,18 @@ def test_the_colab_preset_trains_what_the_measured_cpu_hour_trained():
     differ = {k: (hour[k], colab[k]) for k in hour if k in colab and k not in clock and hour[k] != colab[k]}
     assert not differ, differ
     assert colab["max_minutes"] == 30.0 and colab["eval_minutes"] is not None  # the clock, not the epoch, on a GPU
+
+
+def test_the_fair_peers_were_trained_in_pairs_on_one_machine_and_differ_only_where_they_say():
+    ours, torch_layers = _load("peers/ours_1thread.json"), _load("peers/torch_layers_1thread.json")
+    beside, tutorial = _load("peers/torch_layers_beside_tutorial.json"), _load("peers/tutorial_1thread.json")
+    for run in (ours, torch_layers, beside, tutorial):
+        assert run["train_minutes"] == pytest.approx(30, abs=0.5) and "--threads 1" in run["command"]
+        assert (run["device"], run["precision"]) == (ours["device"], "float32")
+    # pair 1 changes the layers only; pair 2's peer has PyTorch's layers and the recipe of pair 1
+    assert ours["config"] == torch_layers["config"] == beside["config"]
+    assert ours["parameters"] == torch_layers["parameters"] == beside["parameters"]
+    assert "--layers ours" in ours["command"]
+    assert "--layers torch" in torch_layers["command"] and "--layers torch" in beside["command"]
+    assert ours["decoding"] == torch_layers["decoding"] and tutorial["decoding"]["beam_size"] == 1
+    assert "bleu_greedy" in beside and tutorial["recipe"]["vocab_size"] == ours["config"]["vocab_size"]
