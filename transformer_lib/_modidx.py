@@ -215,6 +215,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                           'transformer_lib.decoding.sample': ('decoding.html#sample', 'transformer_lib/decoding.py'),
                                           'transformer_lib.decoding.sequence_scores': ( 'decoding.html#sequence_scores',
                                                                                         'transformer_lib/decoding.py'),
+                                          'transformer_lib.decoding.simple_beam_search': ( 'decoding.html#simple_beam_search',
+                                                                                           'transformer_lib/decoding.py'),
                                           'transformer_lib.decoding.until_eos': ('decoding.html#until_eos', 'transformer_lib/decoding.py')},
             'transformer_lib.distributed': { 'transformer_lib.distributed.LossComputation': ( 'eng_processes.html#losscomputation',
                                                                                               'transformer_lib/distributed.py'),
