@@ -8,11 +8,19 @@ from hypothesis import strategies as st
 
 from transformer_lib.attention import KVCache, MultiHeadAttention, causal_mask
 from transformer_lib.beyond import (
+    BOS_ID,
+    COPY_VOCAB,
+    N_DIGITS,
+    SEP_ID,
     DecoderOnlyConfig,
     DecoderOnlyLayer,
     DecoderOnlyLM,
     RotaryEmbedding,
     RotaryMultiHeadAttention,
+    copy_config,
+    copy_loss,
+    copy_sequences,
+    train_copy,
 )
 
 FAST = settings(max_examples=20, deadline=None)
@@ -293,3 +301,35 @@ def test_lm_learns_to_copy_a_fixed_offset():
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.5 * math.log(10)
+
+
+# --- The copy task -----------------------------------------------------------------------------------
+
+
+def test_copy_sequences_repeat_the_digits_after_the_separator():
+    ids = copy_sequences(50, torch.Generator().manual_seed(0))
+    assert ids.shape == (50, 2 * N_DIGITS + 2)
+    assert (ids[:, 0] == BOS_ID).all() and (ids[:, N_DIGITS + 1] == SEP_ID).all()
+    digits = ids[:, 1 : N_DIGITS + 1]
+    assert torch.equal(ids[:, N_DIGITS + 2 :], digits)
+    assert all(COPY_VOCAB[i] in "0123456789" for i in digits.flatten().tolist())
+    assert torch.equal(ids, copy_sequences(50, torch.Generator().manual_seed(0)))
+
+
+def test_copy_loss_scores_only_the_copied_digits():
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(copy_config(n_layers=1)).eval()
+    ids = copy_sequences(4, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        log_probs = lm(ids[:, :-1])  # (B, T, V)
+        expected = -log_probs[:, N_DIGITS + 1 :].gather(-1, ids[:, N_DIGITS + 2 :, None]).mean()
+        torch.testing.assert_close(copy_loss(lm, ids), expected)
+
+
+def test_copy_config_takes_changes_and_train_copy_is_seeded():
+    assert copy_config().n_layers == 2 and copy_config(n_layers=3, rotary=False).n_layers == 3
+    assert copy_config().vocab_size == len(COPY_VOCAB)
+    first, losses = train_copy(copy_config(n_layers=1), steps=3, lr=1e-3)
+    again, losses_again = train_copy(copy_config(n_layers=1), steps=3, lr=1e-3)
+    assert not first.training and len(losses) == 3 and losses == losses_again
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), again.parameters()))
