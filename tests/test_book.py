@@ -139,3 +139,15 @@ def test_nbdev_directive_cells_are_hidden(path):
     for cell in json.loads(path.read_text())["cells"]:
         if cell["cell_type"] == "code" and "".join(cell["source"]).startswith("#| default_exp"):
             assert "remove-cell" in cell["metadata"].get("tags", []), f"{path.name}: tag its default_exp cell remove-cell"
+
+
+MAIN_PATH = sorted((ROOT / "book").glob("[0-9][0-9]*.ipynb"))  # the chapters and their sections
+
+
+@pytest.mark.parametrize("path", MAIN_PATH, ids=lambda p: p.name)
+def test_a_main_path_page_stays_short_and_so_do_its_code_cells(path):
+    """A page a reader can take in (at most 55 cells) and code cells that fit a screen (at most 60 lines)."""
+    cells = json.loads(path.read_text())["cells"]
+    assert len(cells) <= 55, f"{path.name} has {len(cells)} cells: split it into sections"
+    longest = max(len("".join(c["source"]).splitlines()) for c in cells if c["cell_type"] == "code")
+    assert longest <= 60, f"{path.name} has a code cell of {longest} lines"
