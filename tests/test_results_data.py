@@ -171,3 +171,7 @@ def test_the_fair_peers_were_trained_in_pairs_on_one_machine_and_differ_only_whe
     assert "--layers torch" in torch_layers["command"] and "--layers torch" in beside["command"]
     assert ours["decoding"] == torch_layers["decoding"] and tutorial["decoding"]["beam_size"] == 1
     assert "bleu_greedy" in beside and tutorial["recipe"]["vocab_size"] == ours["config"]["vocab_size"]
+    # the diagnostic: our model with PyTorch's initialisation, for our run's steps (a budget in steps)
+    init = _load("peers/ours_torch_init.json")
+    assert init["steps"] == ours["steps"] and init["config"] == {**ours["config"], "max_minutes": None}
+    assert "--layers ours-torch-init" in init["command"] and f"--steps {ours['steps']}" in init["command"]
