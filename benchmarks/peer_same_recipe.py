@@ -21,7 +21,10 @@ in model_torch_layers.pt.
 Usage (the two runs of chapter 13, started together so that they share the machine alike):
   python benchmarks/peer_same_recipe.py --layers torch --out runs/peer_torch --minutes 30 --threads 1
   python benchmarks/peer_same_recipe.py --layers ours  --out runs/peer_ours  --minutes 30 --threads 1
-Add --quick for a smoke run (a few steps on 2,000 pairs).
+And the diagnostic of chapter 13: our layers with PyTorch's initialisation of attention (`TorchInit`), for the
+steps our run took (a budget in steps, which the machine's load cannot change):
+  python benchmarks/peer_same_recipe.py --layers ours-torch-init --out runs/peer_ours_torch_init --steps 774 --threads 1
+Add --quick for a smoke run (a few steps on 2,000 pairs, in a temporary folder).
 """
 import argparse
 import tempfile
