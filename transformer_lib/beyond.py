@@ -10,6 +10,7 @@ __all__ = ['PAD_ID', 'BOS_ID', 'SEP_ID', 'COPY_VOCAB', 'N_DIGITS', 'RotaryEmbedd
 # %% ../book/15_beyond_the_paper.ipynb #c7d37d23
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -216,7 +217,7 @@ def copy_loss(model: DecoderOnlyLM, ids: Tensor) -> Tensor:
     return F.nll_loss(log_probs.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID)
 
 # %% ../book/15_beyond_the_paper.ipynb #34d698c0
-def copy_config(**changes) -> DecoderOnlyConfig:
+def copy_config(**changes: Any) -> DecoderOnlyConfig:
     """The small model of the copy task: two layers, D = 64, four heads, no dropout; `changes` override fields."""
     sizes = dict(vocab_size=len(COPY_VOCAB), d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, max_len=32)
     return DecoderOnlyConfig(**{**sizes, **changes})
