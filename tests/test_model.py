@@ -127,6 +127,27 @@ def test_xavier_initialisation():
     assert torch.equal(model.encoder.layers[0].sublayers[0].norm.weight, torch.ones(64))
 
 
+def test_packed_attention_init_draws_as_nn_multihead_attention_does():
+    D, H = 64, 4
+    torch.manual_seed(0)
+    reference = nn.MultiheadAttention(D, H)  # PyTorch's own initialisation: the oracle
+    model = Transformer(small_config(d_model=D, d_ff=256, attention_init="packed"))
+    plain = Transformer(small_config(d_model=D, d_ff=256))
+    ref_bound = reference.in_proj_weight.abs().max().item()
+    for attention in (model.encoder.layers[0].self_attn, model.decoder.layers[1].cross_attn):
+        qkv = torch.cat([p.weight for p in (attention.q_proj, attention.k_proj, attention.v_proj)])  # (3D, D)
+        assert qkv.abs().max().item() <= math.sqrt(6 / (4 * D))  # Xavier's bound for a (3D, D) matrix
+        assert abs(qkv.abs().max().item() - ref_bound) < 0.01  # both reach close to the same bound
+        assert abs(qkv.std().item() - reference.in_proj_weight.std().item()) < 0.005
+        for proj in (attention.q_proj, attention.k_proj, attention.v_proj, attention.out_proj):
+            assert torch.count_nonzero(proj.bias) == 0
+    assert torch.count_nonzero(reference.in_proj_bias) == torch.count_nonzero(reference.out_proj.bias) == 0
+    # the default draws each (D, D) matrix alone: a bound sqrt(3/2) times larger, and nonzero biases
+    q = plain.encoder.layers[0].self_attn.q_proj
+    assert q.weight.abs().max().item() > 1.1 * math.sqrt(6 / (4 * D))
+    assert torch.count_nonzero(q.bias) > 0
+
+
 def test_base_model_parameter_count():
     with torch.device("meta"):
         base = Transformer(TransformerConfig.base())
@@ -159,6 +180,7 @@ def test_base_model_parameter_count():
         (dict(max_len=0), "max_len"),
         (dict(norm_first="yes"), "norm_first"),
         (dict(tie_embeddings=1), "tie_embeddings"),
+        (dict(attention_init="kaiming"), "attention_init"),
         (dict(pad_id=V), "pad_id"),
         (dict(bos_id=-1), "bos_id"),
         (dict(eos_id=0), "pad_id, bos_id and eos_id"),

@@ -361,6 +361,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'transformer_lib.model._check_config': ( 'transformer.html#_check_config',
                                                                                 'transformer_lib/model.py'),
                                        'transformer_lib.model._from_torch': ('transformer.html#_from_torch', 'transformer_lib/model.py'),
+                                       'transformer_lib.model.init_attention_packed': ( 'transformer.html#init_attention_packed',
+                                                                                        'transformer_lib/model.py'),
                                        'transformer_lib.model.parameter_counts': ( 'transformer.html#parameter_counts',
                                                                                    'transformer_lib/model.py')},
             'transformer_lib.positional': { 'transformer_lib.positional.LearnedPositionalEncoding': ( 'positional_encoding.html#learnedpositionalencoding',
