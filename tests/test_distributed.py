@@ -25,10 +25,19 @@ SETTINGS = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d
                 train_subset=300, max_tokens=400, warmup=20, epochs=5, max_steps=12, log_every=1,
                 average_last=1, seed=3, device="cpu", threads=1, amp="off")
 
+# The runs compared here add the same gradients in another order: (a + b) + (c + d) against ((a + b) + c) + d.
+# In float32 that reordering moves a weight by up to ~1e-5 after a few Adam steps, an amount that depends on the
+# CPU's vector width; in float64 it moves it by ~1e-13, so a tolerance of 1e-9 separates reordering from a wrong
+# update (which moves weights by the learning rate, ~1e-3) on any machine.
+FLOAT64 = "torch.set_default_dtype(torch.float64)"
+ATOL = 1e-9
+
 # Run on every rank by torchrun: train with SETTINGS and argv's overrides; "fail" makes rank 1 fail at step 3.
 WORKER = textwrap.dedent(
-    """
+    f"""
     import json, os, sys
+    import torch
+    {FLOAT64}
     import transformer_lib.trainer as trainer
     from transformer_lib.config import TrainConfig
     from transformer_lib.loop import train
@@ -44,7 +53,7 @@ WORKER = textwrap.dedent(
             return make_batch(*args, **kwargs)
         trainer.make_batch = failing
     if mode == "compile":  # Dynamo traces as in a real run; the eager backend skips Inductor's minutes on a CPU
-        import functools, torch
+        import functools
         torch.compile = functools.partial(torch.compile, backend="eager")
     train(TrainConfig.from_preset("tiny", **settings), out, resume=mode == "resume",
           progress=False, tokenizer=BPETokenizer.load(tokenizer_path))
@@ -72,12 +81,21 @@ def _train_losses(out: Path) -> torch.Tensor:
     return torch.tensor([r["loss"] for r in records if r["kind"] == "train"], dtype=torch.float64)
 
 
-def _assert_close_weights(a: dict, b: dict, atol: float = 1e-5, skip: str | None = None) -> None:
+def _assert_close_weights(a: dict, b: dict, atol: float = ATOL, skip: str | None = None) -> None:
     assert a.keys() == b.keys()
     for name in a:
         if skip is not None and skip in name:
             continue
         assert torch.allclose(a[name], b[name], atol=atol), (name, (a[name] - b[name]).abs().max())
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    """Every run in this file, in-process as in the workers, computes in float64 (see FLOAT64)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +124,7 @@ def test_two_processes_compute_the_update_of_one_process(tmp_path, small_tokeniz
 
     accum = train(TrainConfig.from_preset("tiny", **SETTINGS, accum_steps=2), tmp_path / "accum", progress=False,
                   tokenizer=tokenizer)
-    assert torch.allclose(_train_losses(tmp_path / "accum"), _train_losses(two_process_run), atol=1e-5)
+    assert torch.allclose(_train_losses(tmp_path / "accum"), _train_losses(two_process_run), atol=ATOL)
     _assert_close_weights(load_checkpoint(tmp_path / "accum" / "last.pt")["model"], two["model"])
 
     # one process, one batch per step: the union of the two ranks' batches, padded together
@@ -131,7 +149,7 @@ def test_two_processes_compute_the_update_of_one_process(tmp_path, small_tokeniz
         optimizer.step()
         schedule.step()
         losses.append(loss_sum.item() / batch.n_tgt_tokens)
-    assert torch.allclose(torch.tensor(losses, dtype=torch.float64), _train_losses(two_process_run), atol=1e-5)
+    assert torch.allclose(torch.tensor(losses, dtype=torch.float64), _train_losses(two_process_run), atol=ATOL)
     # Padding the two batches together changes the rounding of every sum, and Adam (eps=1e-9) divides each
     # gradient by its own size, so an element whose true gradient is nearly 0 takes a step set by that noise: the
     # weights part by amounts that depend on the CPU's kernels (up to 6e-4 after 12 steps on some machines).
@@ -184,13 +202,13 @@ def test_a_failing_rank_ends_the_run_with_its_message(tmp_path, small_tokenizer)
 def test_two_processes_with_accumulation_compute_the_update_of_one_process(tmp_path, small_tokenizer):
     """The no_sync branch: 2 ranks x accum_steps=2 == 1 process with accum_steps=4.
 
-    The gradients add up in another order ((a + b) + (c + d) against ((a + b) + c) + d), so the keys' biases,
-    whose true gradient is 0 (see the test above), take steps of rounding noise: left out of the comparison."""
+    The gradients add up in another order (see FLOAT64), so the keys' biases, whose true gradient is 0 (see the test
+    above), take steps of rounding noise: left out of the comparison."""
     _finish(_torchrun(tmp_path, 2, tmp_path / "ddp", "new", small_tokenizer, accum_steps=2, max_steps=6))
     one = train(TrainConfig.from_preset("tiny", **{**SETTINGS, "max_steps": 6}, accum_steps=4), tmp_path / "one",
                 progress=False, tokenizer=BPETokenizer.load(small_tokenizer))
     assert len(one.history) and torch.allclose(_train_losses(tmp_path / "one"), _train_losses(tmp_path / "ddp"),
-                                               atol=1e-5)
+                                               atol=ATOL)
     _assert_close_weights(load_checkpoint(tmp_path / "one" / "last.pt")["model"],
                           load_checkpoint(tmp_path / "ddp" / "last.pt")["model"], skip="k_proj.bias")
 
@@ -202,7 +220,7 @@ def test_a_resume_may_trade_processes_for_accumulation(tmp_path, small_tokenizer
           progress=False, tokenizer=BPETokenizer.load(small_tokenizer))
     resumed, two = load_checkpoint(tmp_path / "run" / "last.pt"), load_checkpoint(two_process_run / "last.pt")
     assert resumed["step"] == two["step"] == 12 and resumed["world_size"] == 1
-    assert torch.allclose(_train_losses(tmp_path / "run"), _train_losses(two_process_run), atol=1e-5)
+    assert torch.allclose(_train_losses(tmp_path / "run"), _train_losses(two_process_run), atol=ATOL)
     _assert_close_weights(resumed["model"], two["model"], skip="k_proj.bias")
 
 
@@ -214,14 +232,14 @@ def test_a_resume_may_trade_accumulation_for_processes(tmp_path, small_tokenizer
     resumed, two = load_checkpoint(tmp_path / "run" / "last.pt"), load_checkpoint(two_process_run / "last.pt")
     assert resumed["step"] == two["step"] == 12 and resumed["world_size"] == 2
     losses = _train_losses(tmp_path / "run")
-    assert len(losses) == 12 and torch.allclose(losses, _train_losses(two_process_run), atol=1e-5)
+    assert len(losses) == 12 and torch.allclose(losses, _train_losses(two_process_run), atol=ATOL)
     _assert_close_weights(resumed["model"], two["model"], skip="k_proj.bias")
 
 
 def test_two_processes_train_compiled(tmp_path, small_tokenizer, two_process_run):
     """DDP around torch.compile's module (Dynamo with the eager backend on the CPU) computes the same losses."""
     _finish(_torchrun(tmp_path, 2, tmp_path / "compiled", "compile", small_tokenizer, compile=True), timeout=300)
-    assert torch.allclose(_train_losses(tmp_path / "compiled"), _train_losses(two_process_run), atol=1e-4)
+    assert torch.allclose(_train_losses(tmp_path / "compiled"), _train_losses(two_process_run), atol=ATOL)
 
 
 
