@@ -21,7 +21,7 @@ in model_torch_layers.pt.
 Usage (the two runs of chapter 13, started together so that they share the machine alike):
   python benchmarks/peer_same_recipe.py --layers torch --out runs/peer_torch --minutes 30 --threads 1
   python benchmarks/peer_same_recipe.py --layers ours  --out runs/peer_ours  --minutes 30 --threads 1
-And the diagnostic of chapter 13: our layers with PyTorch's initialisation of attention (`TorchInit`), for the
+And the diagnostic of chapters 10 and 13: our layers with PyTorch's initialisation of attention (`attention_init=packed`), for the
 steps our run took (a budget in steps, which the machine's load cannot change):
   python benchmarks/peer_same_recipe.py --layers ours-torch-init --out runs/peer_ours_torch_init --steps 774 --threads 1
 Add --quick for a smoke run (a few steps on 2,000 pairs, in a temporary folder).
@@ -30,6 +30,7 @@ import argparse
 import tempfile
 import warnings
 from contextlib import contextmanager
+from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,24 +95,6 @@ class TorchLayers(Transformer):
                                       bos_id=c.bos_id, eos_id=c.eos_id).eval()
 
 
-class TorchInit(Transformer):
-    """Our Transformer initialised as PyTorch initialises nn.MultiheadAttention: Xavier uniform over the packed
-    (3D, D) query/key/value matrix (a bound sqrt(3/2) times smaller than over each (D, D) matrix) and zero biases in
-    attention. The rest is ours. A diagnostic: does the initialisation explain a gap between the two layers?"""
-
-    def __init__(self, config: TransformerConfig) -> None:
-        super().__init__(config)
-        for module in self.modules():
-            if isinstance(module, MultiHeadAttention):
-                packed = torch.empty(3 * config.d_model, config.d_model)  # (3D, D), as nn.MultiheadAttention holds it
-                nn.init.xavier_uniform_(packed)
-                with torch.no_grad():
-                    for proj, rows in zip((module.q_proj, module.k_proj, module.v_proj), packed.chunk(3)):
-                        proj.weight.copy_(rows)  # (D, D)
-                    for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
-                        proj.bias.zero_()
-
-
 def _torch_inner_dropout(original):
     """The trainer's inner-dropout switch, extended to PyTorch's layers."""
 
@@ -174,8 +157,7 @@ def main() -> None:
             result = train(config, args.out)
         rewrite_in_our_layout(args.out)
     elif args.layers == "ours-torch-init":
-        with trained_with_torch_layers(TorchInit):
-            result = train(config, args.out)
+        result = train(replace(config, attention_init="packed"), args.out)
     else:
         result = train(config, args.out)
     params = sum(p.numel() for p in result.model.parameters())
