@@ -1,6 +1,8 @@
 """Shared test settings and fixtures."""
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,25 @@ import torch
 # The suite runs as two pytest workers on two cores; one thread each avoids OpenMP threads competing
 # for the same core, which makes small tensor operations many times slower.
 torch.set_num_threads(1)
+
+# A seed sweep (tools/margins.py --tests): every seed the tests and the library give torch is moved by this offset.
+if os.environ.get("MARGINS_SEED_OFFSET"):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from margins import move_seeds
+
+    move_seeds(int(os.environ["MARGINS_SEED_OFFSET"]))
+
+
+@pytest.fixture
+def record_margin():
+    """record_margin(name, value): a value a test asserts a margin on, written where tools/margins.py reads it
+    (only during a sweep; otherwise nothing happens)."""
+    def record(name: str, value: float) -> None:
+        if os.environ.get("MARGINS_RECORD"):
+            with open(os.environ["MARGINS_RECORD"], "a") as f:
+                f.write(json.dumps({"name": name, "value": float(value)}) + "\n")
+
+    return record
 
 
 @pytest.fixture(scope="module")
