@@ -225,6 +225,24 @@ def test_the_books_simple_beam_search_equals_beam_search(book_definition, m, eos
     assert simple == expected == beam_search(model, src, beam_size, alpha, max_len=max_len, include_greedy=False)
 
 
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(0, 2), st.sampled_from([0.0, 3.0, 5.0]), st.integers(0, 10_000), st.integers(1, 4),
+       st.integers(1, 5), st.sampled_from([0.0, 0.6, 1.0]), st.integers(1, 10))
+def test_the_books_batched_beam_search_equals_beam_search(book_definition, m, eos_bias, seed, batch, beam_size, alpha,
+                                                          max_len):
+    """The fast decoding page's plain batched search (a copy of the memory per beam, no greedy hypothesis) returns
+    the library's beam_search hypotheses without the greedy hypothesis; with a beam of one, greedy decoding's."""
+    batched_beam_search = book_definition("12b_fast_decoding.ipynb", "batched_beam_search", torch=torch,
+                                          Tensor=torch.Tensor, Transformer=Transformer, evaluating=evaluating,
+                                          length_penalty=length_penalty, next_token_log_probs=next_token_log_probs,
+                                          output_budget=output_budget)
+    model, src = eos_model(m, eos_bias), random_sources(seed, batch, 6)
+    batched = batched_beam_search(model, src, beam_size, alpha, max_len)
+    assert batched == beam_search(model, src, beam_size, alpha, max_len=max_len, include_greedy=False)
+    if beam_size == 1:
+        assert batched == greedy_decode(model, src, max_len)
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(st.integers(0, 2), st.sampled_from([0.0, 3.0]), st.integers(0, 10_000), st.integers(2, 6), st.integers(1, 15))
 def test_a_sentence_that_finishes_leaves_the_others_unchanged(m, eos_bias, seed, batch, max_len):

@@ -172,7 +172,7 @@ def sample(model: Transformer, src: Tensor, temperature: float = 1.0, top_k: int
                 break
     return [until_eos(row, cfg.eos_id) for row in ys[:, 1:].tolist()]
 
-# %% ../book/12b_fast_decoding.ipynb #bda18563
+# %% ../book/eng_fast_beam_search.ipynb #bda18563
 @dataclass
 class BeamMemoryCache(KVCache):
     """A cross-attention cache with one row per sentence, read by its K beam rows together, with no copy per beam."""
@@ -224,7 +224,7 @@ class BeamMemoryCache(KVCache):
         outs, weights = zip(*parts)
         return torch.cat(outs), None if weights[0] is None else torch.cat(weights)  # (R, H, T, Dh), (R, H, T, S)
 
-# %% ../book/12b_fast_decoding.ipynb #2ed8a233
+# %% ../book/eng_fast_beam_search.ipynb #2ed8a233
 def _share_memory(cache: list[LayerCache], src_mask: Tensor, held: list[int], live: list[int],
                   extra_sentences: list[int], K: int) -> tuple[Tensor, list[int]]:
     """Keep the memory rows (mask and cross-attention caches) of the sentences still read, searching ones first:
@@ -242,7 +242,7 @@ def _share_memory(cache: list[LayerCache], src_mask: Tensor, held: list[int], li
         layer_cache.cross_attn.share(K, len(live), extra)
     return src_mask, now_held
 
-# %% ../book/12b_fast_decoding.ipynb #0bd566f9
+# %% ../book/eng_fast_beam_search.ipynb #0bd566f9
 class _GreedyRows:
     """The greedy decodes that ride in beam search's batch: on a beam's row when their prefix is a beam's."""
 
@@ -281,7 +281,7 @@ class _GreedyRows:
             tokens = ys[self.row[g], 1:].tolist()
             self.finished[b] = [(self.scores[g].item() / length_penalty(steps, self.alpha), tokens)]
 
-# %% ../book/12b_fast_decoding.ipynb #02009145
+# %% ../book/eng_fast_beam_search.ipynb #02009145
 def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 1.0,
                 max_len: int | None = None, include_greedy: bool = True) -> list[list[int]]:
     """The best hypothesis of a beam search for each sentence of src (B, S), scored log p / lp (GNMT)."""
