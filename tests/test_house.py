@@ -1,5 +1,7 @@
 """The house stays one-way (BOOK_PLAN.md): no module imports one above it, and inference never loads training."""
 import ast
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +34,18 @@ def imported_modules(path: Path) -> set[str]:
 def test_every_module_has_a_place_in_the_house():
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"_modidx"}
     assert modules == set(ORDER), (sorted(modules - set(ORDER)), sorted(set(ORDER) - modules))
+
+
+def test_the_api_page_lists_every_module():
+    """book/api.ipynb's table of modules names each module of the package, with a link to the page that explains it."""
+    cells = json.loads((ROOT / "book" / "api.ipynb").read_text(encoding="utf-8"))["cells"]
+    prose = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    rows = re.findall(r"^\| `(transformer_lib(?:\.\w+)?)` \| ([^|]+) \|", prose, re.M)
+    listed = {name.split(".")[1] if "." in name else "__init__" for name, _ in rows}
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"_modidx"}
+    assert listed == modules, (sorted(modules - listed), sorted(listed - modules))
+    unlinked = [name for name, where in rows if name != "transformer_lib" and "](" not in where]
+    assert not unlinked, unlinked
 
 
 def test_imports_run_one_way():

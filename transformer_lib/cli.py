@@ -61,7 +61,7 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:1, ..., mps (default: auto = cuda, else mps, when available)")
 
-
+# %% ../book/appendix_b_command_line.ipynb #3d665c59
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `transformer-lib` with its three subcommands."""
     parser = argparse.ArgumentParser(
@@ -181,7 +181,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
                            "check the path", EXIT_USAGE)
     return Translator.from_checkpoint(args.checkpoint, device_option(args.device))
 
-
+# %% ../book/appendix_b_command_line.ipynb #cb23a0f6
 def run_train(args: argparse.Namespace) -> int:
     """`transformer-lib train`: train (or resume) a run and report where the model went."""
     preset = args.preset or machine_preset()
@@ -240,7 +240,7 @@ def run_train(args: argparse.Namespace) -> int:
           f"{overhead['share']:.1%} of the time outside training steps; model in {out / 'model.pt'}")
     return EXIT_OK
 
-
+# %% ../book/appendix_b_command_line.ipynb #f333bd82
 def run_evaluate(args: argparse.Namespace) -> int:
     """`transformer-lib evaluate`: BLEU on a Multi30k split or on --src/--ref files."""
     positive("--beam", args.beam)
@@ -272,7 +272,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
           f"{scores['signature_lowercase']}")
     return EXIT_OK
 
-
+# %% ../book/appendix_b_command_line.ipynb #47f01d30
 def run_translate(args: argparse.Namespace) -> int:
     """`transformer-lib translate`: one output line per input sentence."""
     positive("--beam", args.beam)
