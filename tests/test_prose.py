@@ -37,6 +37,7 @@ ALLOWED_PHRASES = [
     "8 or 11 bits", "24 significant bits",  # the mantissas of bfloat16, float16 and float32
     "RTX 30xx", "capability 7.5",  # names of GPUs and of their generations
     "at least 80%", "at least 95%",  # bounds that the book's checks assert, typed in their code
+    "9.0M parameters", "2.6M parameters",  # published peers' sizes, cited from their sources (chapter 13)
 ]
 # Names, not measurements: "chapter 14", "chapters 5 and 6", "Sec. 5.4", "Eq. 3", "Table 2", "[12b Fast decoding]".
 REFERENCE = re.compile(r"(?i)(?:\b(?:chapters?|sections?|secs?\.|eqs?\.|equations?|tables?|figures?|figs?\.|appendix)|§)"
@@ -44,6 +45,7 @@ REFERENCE = re.compile(r"(?i)(?:\b(?:chapters?|sections?|secs?\.|eqs?\.|equation
 YEAR = re.compile(r"^(?:199\d|20[0-2]\d)$")
 NUMBER = re.compile(r"(?<![\w.,/#:-])[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w,]*\d)|(?<![\w.,/#:-])[-−]?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.]?\d)")
 STRIP = [
+    re.compile(r"\[\d+b?(?=\]\()"),  # a link whose text is a chapter's number: "chapters [3](...) to [13](...)"
     re.compile(r"\$\$.*?\$\$", re.S),  # display maths
     re.compile(r"\$[^$\n]+\$"),  # inline maths
     re.compile(r"```.*?```", re.S),  # fenced code and directives
