@@ -284,7 +284,7 @@ def test_lm_errors_are_clear():
     DecoderOnlyConfig(vocab_size=V, d_model=12, n_heads=4, rotary=False)  # an odd head width is fine here
 
 
-def test_lm_learns_to_copy_a_fixed_offset():
+def test_lm_learns_to_copy_a_fixed_offset(record_margin):
     """60 Adam steps on '<bos> a b | a b': the loss on the copied digits must fall well below chance."""
     torch.manual_seed(0)
     config = DecoderOnlyConfig(vocab_size=13, d_model=32, n_heads=4, n_layers=1, d_ff=64, dropout=0.0,
@@ -300,6 +300,7 @@ def test_lm_learns_to_copy_a_fixed_offset():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    record_margin("copy LM: loss on the copied digits", loss.item())
     assert loss.item() < 0.5 * math.log(10)
 
 
