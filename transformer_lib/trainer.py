@@ -114,6 +114,8 @@ class Trainer:
         self.net = torch.compile(net, dynamic=True) if config.compile else net
         self.per_step = procs.world_size * config.accum_steps  # micro-batches per optimiser step
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
+        self.tokens = 0  # real source and target tokens trained on, over all processes (None: not counted)
+        self.epoch_batches = 0  # micro-batches in the current epoch, set by batches()
         # [window, epoch] x [loss, nll, tokens] of this process; summed over the processes only when read
         self.sums = torch.zeros(2, 3, dtype=torch.float64, device=self.device)
         self.prefetched: tuple[tuple[int, int], list[Batch]] | None = None  # ((epoch, position), batches)
@@ -141,7 +143,8 @@ def _batches(self: Trainer) -> list[list[int]]:
     if len(batches) < self.per_step:
         raise ValueError(f"an epoch has {len(batches)} batches, fewer than the {self.per_step} micro-batches of "
                          "one step (processes x accum_steps): use more data or a smaller max_tokens")
-    return batches[: len(batches) - len(batches) % self.per_step]
+    self.epoch_batches = len(batches) - len(batches) % self.per_step
+    return batches[: self.epoch_batches]
 
 
 def _step_batches(self: Trainer, batches: list[list[int]], position: int) -> list[Batch]:
@@ -191,6 +194,8 @@ def _train_step(self: Trainer, batches: list[list[int]]) -> tuple[torch.Tensor, 
     self.scaler.step(self.optimizer)
     self.scaler.update()
     self.step, self.position = self.step + 1, self.position + self.per_step
+    if self.tokens is not None:
+        self.tokens += n_all
     if self.position < len(batches):  # the next step's batches, while the GPU still computes this one
         self.prefetched = ((self.epoch, self.position), self.step_batches(batches, self.position))
     return sums, n_all
@@ -211,10 +216,15 @@ def _out_of_budget(self: Trainer) -> bool:
         c.max_minutes is not None and self.minutes() >= c.max_minutes)
 
 
+def _epochs_seen(self: Trainer, n_batches: int) -> float:
+    """The data trained on so far, in epochs: whole epochs plus the share of this one's n_batches done."""
+    return self.epoch + self.position / n_batches
+
+
 def _budget_spent(self: Trainer, n_batches: int) -> float:
     """The fraction of the budget spent: of the epochs, steps or minutes, whichever limit is nearest."""
     c = self.config
-    spent = [(self.epoch + self.position / n_batches) / c.epochs]
+    spent = [self.epochs_seen(n_batches) / c.epochs]
     if c.max_steps is not None:
         spent.append(self.step / c.max_steps)
     if c.max_minutes is not None:
@@ -234,9 +244,15 @@ def _save_due(self: Trainer) -> bool:
         c.checkpoint_minutes is not None and time.perf_counter() - self.last_save >= 60 * c.checkpoint_minutes)
 
 
-def _point_due(self: Trainer) -> bool:
-    """Whether eval_every steps or eval_minutes have passed since the last validation point."""
+def _point_due(self: Trainer, n_batches: int) -> bool:
+    """Whether the step just taken crossed a multiple of eval_epochs of data, or eval_every steps or eval_minutes
+    have passed since the last validation point."""
     c = self.config
+    if c.eval_epochs is not None:  # counted in micro-batches, so a point falls on the same step on every machine
+        every = c.eval_epochs * n_batches
+        done = self.epoch * n_batches + self.position
+        if math.floor(done / every + 1e-9) > math.floor((done - self.per_step) / every + 1e-9):
+            return True
     return (c.eval_every is not None and self.step % c.eval_every == 0) or (
         c.eval_minutes is not None and self.minutes() - self.last_point >= c.eval_minutes)
 
@@ -246,13 +262,15 @@ def _agree(self: Trainer, signalled: int, n_batches: int) -> dict[str, Any]:
     main = self.procs.main
     decisions = self.procs.agree_on([
         float(signalled > 0), float(main and self.out_of_budget()), float(main and self.save_due()),
-        self.budget_spent(n_batches) if main and self.follows_budget() else 0.0, float(main and self.point_due())])
+        self.budget_spent(n_batches) if main and self.follows_budget() else 0.0,
+        float(main and self.point_due(n_batches))])
     return {"signal": decisions[0] > 0, "stop": decisions[1] > 0, "save": decisions[2] > 0,
             "progress": decisions[3], "point": decisions[4] > 0}
 
 
 Trainer.minutes = _minutes
 Trainer.out_of_budget = _out_of_budget
+Trainer.epochs_seen = _epochs_seen
 Trainer.budget_spent = _budget_spent
 Trainer.follows_budget = _follows_budget
 Trainer.save_due = _save_due
@@ -294,7 +312,9 @@ def _log_overhead(self: Trainer) -> None:
     """Log (and print) the share of this process's time spent outside training steps, and on what."""
     total = time.perf_counter() - self.t0
     record = {"kind": "overhead", "step": self.step, "seconds": total,
-              "share": sum(self.overhead.values()) / total, **self.overhead}
+              "share": sum(self.overhead.values()) / total, **self.overhead,
+              "epochs": self.epochs_seen(self.epoch_batches) if self.epoch_batches else float(self.epoch),
+              "tokens": self.tokens}  # the data seen by the end of this start of the run
     self.log(record)
     if self.progress:
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in self.overhead.items())
@@ -326,7 +346,7 @@ def _state(self: Trainer) -> dict[str, Any]:
         "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
         "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
         "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "position": self.position,
-        "elapsed": self.minutes() * 60, "last_point": self.last_point, "sums": [self.summed(0), self.summed(1)],
+        "tokens": self.tokens, "elapsed": self.minutes() * 60, "last_point": self.last_point, "sums": [self.summed(0), self.summed(1)],
         "history": self.history, "rng": rngs[0],
         "rng_by_rank": rngs, "world_size": self.procs.world_size, "tokenizer": self.tokenizer.to_dict(),
         "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
@@ -355,6 +375,7 @@ def _restore(self: Trainer, state: dict[str, Any]) -> None:
     self.step, self.epoch, self.position, self.elapsed = (state["step"], state["epoch"], state["position"],
                                                           state["elapsed"])
     self.last_point = state.get("last_point", self.elapsed / 60)
+    self.tokens = state.get("tokens")  # None for a checkpoint written before the trainer counted them
     if self.procs.main:  # weights kept after last.pt by the run that stopped: this run keeps its own
         for k, newer in snapshot_paths(self.out):
             if k > self.step:
