@@ -554,5 +554,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'transformer_lib/translate.py'),
                                            'transformer_lib.translate.map_on_cores': ( 'translator.html#map_on_cores',
                                                                                        'transformer_lib/translate.py'),
+                                           'transformer_lib.translate.overrides_of': ( 'translator.html#overrides_of',
+                                                                                       'transformer_lib/translate.py'),
                                            'transformer_lib.translate.preset_of': ( 'translator.html#preset_of',
                                                                                     'transformer_lib/translate.py')}}}

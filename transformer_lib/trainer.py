@@ -346,8 +346,8 @@ def _state(self: Trainer) -> dict[str, Any]:
         "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
         "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
         "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "position": self.position,
-        "tokens": self.tokens, "elapsed": self.minutes() * 60, "last_point": self.last_point, "sums": [self.summed(0), self.summed(1)],
-        "history": self.history, "rng": rngs[0],
+        "tokens": self.tokens, "elapsed": self.minutes() * 60, "last_point": self.last_point,
+        "sums": [self.summed(0), self.summed(1)], "history": self.history, "rng": rngs[0],
         "rng_by_rank": rngs, "world_size": self.procs.world_size, "tokenizer": self.tokenizer.to_dict(),
         "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
     }
