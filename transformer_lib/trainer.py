@@ -237,6 +237,13 @@ def _follows_budget(self: Trainer) -> bool:
     return self.config.cooldown > 0 or self.config.inner_dropout_from > 0
 
 
+Trainer.minutes = _minutes
+Trainer.out_of_budget = _out_of_budget
+Trainer.epochs_seen = _epochs_seen
+Trainer.budget_spent = _budget_spent
+Trainer.follows_budget = _follows_budget
+
+# %% ../book/eng_trainer.ipynb #dd69a407
 def _save_due(self: Trainer) -> bool:
     """Whether checkpoint_every steps or checkpoint_minutes have passed since the last checkpoint."""
     c = self.config
@@ -257,6 +264,10 @@ def _point_due(self: Trainer, n_batches: int) -> bool:
         c.eval_minutes is not None and self.minutes() - self.last_point >= c.eval_minutes)
 
 
+Trainer.save_due = _save_due
+Trainer.point_due = _point_due
+
+# %% ../book/eng_trainer.ipynb #fa5926f3
 def _agree(self: Trainer, signalled: int, n_batches: int) -> dict[str, Any]:
     """One decision for all processes: rank 0's clock, any process's signal; exchanged between the hosts."""
     main = self.procs.main
@@ -268,13 +279,6 @@ def _agree(self: Trainer, signalled: int, n_batches: int) -> dict[str, Any]:
             "progress": decisions[3], "point": decisions[4] > 0}
 
 
-Trainer.minutes = _minutes
-Trainer.out_of_budget = _out_of_budget
-Trainer.epochs_seen = _epochs_seen
-Trainer.budget_spent = _budget_spent
-Trainer.follows_budget = _follows_budget
-Trainer.save_due = _save_due
-Trainer.point_due = _point_due
 Trainer.agree = _agree
 
 # %% ../book/eng_trainer.ipynb #5aa780d4
@@ -321,6 +325,13 @@ def _log_overhead(self: Trainer) -> None:
         tqdm.write(f"time outside training steps: {record['share']:.1%} of {total:.0f} s ({parts})")
 
 
+Trainer.summed = _summed
+Trainer.log = _log
+Trainer.validate = _validate
+Trainer.log_window = _log_window
+Trainer.log_overhead = _log_overhead
+
+# %% ../book/eng_trainer.ipynb #f15c1cb4
 def _set_inner_dropout(self: Trainer, progress: float) -> None:
     """Dropout inside attention and the FFN: off before inner_dropout_from of the budget, at its rate after."""
     on = progress >= self.config.inner_dropout_from
@@ -331,11 +342,6 @@ def _set_inner_dropout(self: Trainer, progress: float) -> None:
             module.dropout.p = self.model_config.ffn_dropout if on else 0.0
 
 
-Trainer.summed = _summed
-Trainer.log = _log
-Trainer.validate = _validate
-Trainer.log_window = _log_window
-Trainer.log_overhead = _log_overhead
 Trainer.set_inner_dropout = _set_inner_dropout
 
 # %% ../book/eng_trainer.ipynb #77c0751c
@@ -365,6 +371,10 @@ def _checkpoint(self: Trainer) -> None:
     self.last_save = time.perf_counter()
 
 
+Trainer.state = _state
+Trainer.checkpoint = _checkpoint
+
+# %% ../book/eng_trainer.ipynb #30465d62
 def _restore(self: Trainer, state: dict[str, Any]) -> None:
     """Continue from a checkpoint of this run."""
     self.model.load_state_dict(state["model"])
@@ -389,6 +399,4 @@ def _restore(self: Trainer, state: dict[str, Any]) -> None:
         set_rng_state(rngs[self.procs.rank], self.device)
 
 
-Trainer.state = _state
-Trainer.checkpoint = _checkpoint
 Trainer.restore = _restore
