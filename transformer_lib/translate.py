@@ -162,7 +162,7 @@ def evaluate_bleu(translator: Translator, pairs: Sequence[tuple[str, str]], beam
     hypotheses = translator.translate([s for s, _ in pairs], beam_size, batch_size, progress=progress, alpha=alpha)
     return {**bleu(hypotheses, [r for _, r in pairs]), "hypotheses": hypotheses}
 
-# %% ../book/13_translator.ipynb #4bd2a6df
+# %% ../book/13_translator.ipynb #56af28b1
 # Where a run ran and how often it wrote or printed: a difference here does not change what the run learned
 NOT_THE_RECIPE = ("preset", "device", "threads", "compile", "log_every", "checkpoint_every", "checkpoint_minutes",
                   "snapshot_minutes", "corpus_sha256")
@@ -194,7 +194,7 @@ def preset_of(train_config: dict[str, Any]) -> str:
     name, overrides = overrides_of(train_config)
     return f"{name}+overrides" if overrides else name
 
-
+# %% ../book/13_translator.ipynb #4bd2a6df
 def device_description(device: str) -> str:
     """A readable name of the device training ran on ("cuda" -> the GPU's name, "cpu" -> the core count)."""
     if device.startswith("cuda") and torch.cuda.is_available():
