@@ -49,7 +49,10 @@ def test_every_results_file_has_the_fields_of_a_run(path):
 
 def test_the_final_runs_of_the_cpu_preset_have_their_learning_curves_and_were_trained_on_one_machine():
     hour, half = _load("cpu.json"), _load("cpu_30min.json")
-    assert hour["preset"] == half["preset"] == "cpu"
+    # the hour is the cpu preset as it is; the half hour was started from it with four fields changed
+    assert (hour["run"], hour["overrides"]) == ("cpu", {})
+    assert half["run"] == "cpu+overrides"
+    assert half["overrides"] == {"max_minutes": 30.0, "attention_dropout": 0.0, "ffn_dropout": 0.0, "norm_first": True}
     assert hour["train_minutes"] == pytest.approx(60, abs=1) and half["train_minutes"] == pytest.approx(30, abs=1)
     assert len(hour["learning_curve"]) >= 6 and len(half["learning_curve"]) >= 3
     assert "bleu_greedy" in hour and "bleu_greedy" in half
@@ -59,7 +62,8 @@ def test_the_final_runs_of_the_cpu_preset_have_their_learning_curves_and_were_tr
 
 def test_the_peer_had_the_minutes_and_the_machine_of_the_30_minute_run_beside_it():
     short, peer = _load("float32/cpu_30min.json"), _load("float32/peer_nn_transformer.json")
-    assert short["preset"] == "cpu" and short["train_minutes"] == pytest.approx(30, abs=1)
+    assert (short["run"], short["overrides"]) == ("cpu+overrides", {"max_minutes": 30.0})
+    assert short["train_minutes"] == pytest.approx(30, abs=1)
     assert len(short["learning_curve"]) >= 3 and "bleu_greedy" in short
     assert peer["train_minutes"] == pytest.approx(short["train_minutes"], abs=0.5)
     assert (peer["device"], peer["precision"]) == (short["device"], short["precision"])
@@ -68,7 +72,7 @@ def test_the_peer_had_the_minutes_and_the_machine_of_the_30_minute_run_beside_it
 
 def test_the_earlier_release_and_the_ablation_ran_60_minutes():
     earlier, ablation = _load("earlier/cpu_v0.2.0.json"), _load("ablations/cpu_vocab4000_dropout0.2.json")
-    assert earlier["preset"] == "cpu" and earlier["train_minutes"] == pytest.approx(60, abs=1)
+    assert earlier["run"] == "cpu" and earlier["train_minutes"] == pytest.approx(60, abs=1)
     assert ablation["train_minutes"] == pytest.approx(60, abs=1) and len(ablation["learning_curve"]) >= 6
 
 
@@ -147,15 +151,40 @@ def test_the_half_hour_keeps_its_learning_rate_chosen_on_val_on_one_machine():
     assert faster["bleu"]["val"]["cased"] < same["bleu"]["val"]["cased"]  # ...behind at the end
 
 
-def test_the_colab_preset_trains_what_the_measured_cpu_hour_trained():
-    """Chapter 13 sizes the colab preset by the cpu hour's tokens: its model and recipe must be that run's."""
-    hour = _load("cpu.json")["config"]
+def test_the_colab_preset_trains_what_the_measured_cpu_hour_trained_for_the_epochs_it_saw():
+    """Configuration sizes the colab preset by the cpu hour: its model and recipe, for the hour's 20 full epochs."""
+    record = _load("cpu.json")
+    hour = record["config"]
     clock = {"max_minutes", "eval_minutes", "checkpoint_minutes", "eval_every", "checkpoint_every", "snapshot_minutes",
              "device", "amp", "threads", "compile"}  # when and where it runs, not what it learns
     colab = TrainConfig.from_preset("colab").to_dict()
     differ = {k: (hour[k], colab[k]) for k in hour if k in colab and k not in clock and hour[k] != colab[k]}
     assert not differ, differ
-    assert colab["max_minutes"] == 30.0 and colab["eval_minutes"] is not None  # the clock, not the epoch, on a GPU
+    full_epochs = sum(minutes < record["train_minutes"] for minutes, _ in record["val_loss_curve"])  # one point each
+    assert full_epochs == colab["epochs"] == 20
+    assert colab["max_minutes"] == 30.0 and colab["eval_epochs"] == 1.0  # a cap; and points along the data
+
+
+def test_the_gpu_preset_has_the_epochs_of_its_one_pre_norm_run():
+    """Configuration gives the gpu preset 30 epochs: what its 3.5-minute pre-norm run saw (31 full epochs)."""
+    run = _load("ablations/gpu_pre_norm_3min30.json")
+    full_epochs = sum(minutes < run["train_minutes"] for minutes, _ in run["val_loss_curve"])  # one point each
+    assert full_epochs == 31 and (run["run"], run["overrides"]) == ("gpu+overrides", {"max_minutes": 3.5})
+    gpu = PRESETS["gpu"]
+    assert (gpu["epochs"], gpu["max_minutes"], gpu["eval_epochs"]) == (30, 10.0, 2.0) and "eval_minutes" not in gpu
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.relative_to(ROOT / "results").as_posix() for p in FILES])
+def test_a_run_of_the_command_line_is_named_by_its_preset_and_the_settings_it_changed(path):
+    """"cpu" for the preset as it stood, "cpu+overrides" with the fields its command set (--set) otherwise."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if not record["command"].startswith("transformer-lib train --preset "):
+        assert "run" not in record  # a benchmark's run is not a preset's
+        return
+    preset = record["command"].split()[3]
+    assert record["run"] == (f"{preset}+overrides" if record["overrides"] else preset)
+    assert all(f"--set {k}=" in record["command"] for k in record["overrides"])
+    assert record["preset"] in (preset, "custom")  # "custom": the name older records gave a run with overrides
 
 
 def test_the_fair_peers_were_trained_in_pairs_on_one_machine_and_differ_only_where_they_say():

@@ -383,3 +383,25 @@ def test_chapter_11s_one_screen_loop_takes_the_steps_of_train(tmp_path, tokenize
     result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
     theirs = [r["loss"] for r in result.history if r["kind"] == "train"]
     assert len(ours) == 6 and ours == pytest.approx(theirs, rel=1e-6, abs=0)
+
+
+def test_a_budget_in_epochs_places_the_points_and_ends_the_cooldown_at_the_end_of_the_data(tmp_path, tokenizer):
+    from transformer_lib.recipe import encode_pairs, token_batches
+
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "epochs": 2}, max_minutes=60.0, cooldown=0.5,
+                                     eval_epochs=0.5, checkpoint_minutes=None)
+    result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
+    src, tgt = encode_pairs(load_multi30k("train")[:200], tokenizer, config.max_len)
+    src_lens, tgt_lens = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
+    per_epoch = len(token_batches(src_lens, tgt_lens, config.max_tokens, seed=config.seed))
+    # the epochs bind (the minutes are a cap far away): 2 epochs of steps, every micro-batch seen twice
+    assert result.history[-1]["step"] == 2 * per_epoch
+    end = next(r for r in reversed(result.history) if r["kind"] == "overhead")
+    assert end["epochs"] == 2.0 and end["tokens"] == 2 * (sum(src_lens) + sum(tgt_lens))
+    # a validation point at the first step that completes each half epoch
+    vals = [r["step"] for r in result.history if r["kind"] == "val"]
+    assert vals == [math.ceil(k * per_epoch / 2) for k in (1, 2, 3, 4)]
+    # the cooldown ends where the data does: the rate set after the last step is 0, and it was falling before
+    rates = [r["lr"] for r in result.history if r["kind"] == "train"]  # log_every=1: the rate after each step
+    assert len(rates) == 2 * per_epoch and rates[-1] == 0.0 and 0 < rates[-2] < rates[len(rates) // 2]
+    assert load_checkpoint(tmp_path / "last.pt")["optimizer"]["param_groups"][0]["lr"] == 0.0

@@ -17,6 +17,7 @@ from transformer_lib.translate import (
     evaluate_checkpoint,
     learning_curve,
     map_on_cores,
+    overrides_of,
     preset_of,
 )
 
@@ -180,7 +181,7 @@ def test_from_checkpoint_round_trip_and_unusable_checkpoints(translator, tmp_pat
     checkpoint(translator, tmp_path / "model.pt")
     loaded = Translator.from_checkpoint(tmp_path, device="cpu")
     assert loaded.translate(SENTENCES, beam_size=2) == translator.translate(SENTENCES, beam_size=2)
-    assert preset_of(loaded.info["train_config"]) == "cpu"
+    assert preset_of(loaded.info["train_config"]) == "cpu"  # checkpoint() saves the cpu preset's configuration
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         Translator.from_checkpoint(tmp_path / "missing.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "model.pt").read_bytes()[:2000])
@@ -192,19 +193,39 @@ def test_from_checkpoint_round_trip_and_unusable_checkpoints(translator, tmp_pat
         Translator.from_checkpoint(tmp_path / "wrong.pt")
 
 
+def test_a_run_is_named_by_its_preset_and_the_fields_it_changed():
+    assert [preset_of(TrainConfig.from_preset(n).to_dict()) for n in ("tiny", "cpu", "colab", "gpu")] == [
+        "tiny", "cpu", "colab", "gpu"]  # colab has the cpu preset's model, and is still named colab
+    changed = TrainConfig.from_preset("cpu", max_minutes=30.0, norm_first=True, attention_dropout=0.0).to_dict()
+    assert preset_of(changed) == "cpu+overrides"
+    assert overrides_of(changed) == ("cpu", {"max_minutes": 30.0, "norm_first": True, "attention_dropout": 0.0})
+    # where and how it ran is not the recipe: another device, thread count or log cadence keeps the name
+    assert preset_of(TrainConfig.from_preset("gpu", device="cpu", threads=2, log_every=1).to_dict()) == "gpu"
+    # a run saved before runs recorded their preset (and before eval_epochs existed, so it had the default None):
+    # the colab preset of then, the cpu preset on a 30-minute clock with timed points, is named after the cpu preset
+    older = {**TrainConfig.from_preset("cpu").to_dict(), "max_minutes": 30.0, "eval_minutes": 1.0,
+             "checkpoint_minutes": 2.0, "betas": [0.9, 0.98]}  # betas as JSON gives them back
+    del older["preset"], older["eval_epochs"]
+    assert overrides_of(older) == ("cpu", {"max_minutes": 30.0, "eval_minutes": 1.0})
+
+
 def test_tokenizer_and_model_must_agree(translator):
     with pytest.raises(ValueError, match="do not belong together"):
         Translator(translator.model, BPETokenizer.train(SENTENCES, 290))
 
 
 def test_evaluate_checkpoint_gives_the_fields_of_a_results_file(translator, tmp_path):
-    history = [{"kind": "setup", "device": "cpu", "parameters": 1}, {"kind": "val", "minutes": 1.25}]
+    history = [{"kind": "setup", "device": "cpu", "parameters": 1}, {"kind": "val", "minutes": 1.25},
+               {"kind": "overhead", "step": 7, "epochs": 2.5, "tokens": 1234},
+               {"kind": "overhead", "step": 7, "epochs": 3.456, "tokens": 2345}]  # a resume logs a second one
     checkpoint(translator, tmp_path / "model.pt", history=history, step=7)
     with pytest.warns(UserWarning, match="truncated"):  # the model has only 24 positions
         results = evaluate_checkpoint(tmp_path, splits=("val",), beam_size=1, device="cpu", command="make it")
     assert set(results) >= {"preset", "command", "device", "torch_version", "train_minutes", "parameters",
                             "bleu", "signature", "date"}
-    assert results["preset"] == "cpu" and results["command"] == "make it" and results["steps"] == 7
+    assert results["preset"] == results["run"] == "cpu" and results["overrides"] == {}
+    assert results["command"] == "make it" and results["steps"] == 7
+    assert (results["epochs"], results["tokens"]) == (3.46, 2345)  # the data seen by the end, from the last one
     assert results["train_minutes"] == 1.2 and results["device"].startswith("CPU")
     assert results["parameters"] == sum(p.numel() for p in translator.model.parameters())
     assert set(results["bleu"]) == {"val"} and set(results["bleu"]["val"]) == {"cased", "lowercase"}

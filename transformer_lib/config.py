@@ -61,12 +61,13 @@ class TrainConfig(ModelSettings):
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_grad_norm: float | None = 1.0
-    # the length of the run: whichever limit comes first
+    # the length of the run: whichever limit comes first (epochs: the data seen; max_minutes: the clock)
     epochs: int = 1000
     max_steps: int | None = None
     max_minutes: float | None = 60.0
     average_last: int = 5  # average the weights of the last k validation points at the end (1: no averaging)
     # the machinery
+    preset: str | None = None  # the preset the run was started from (from_preset records it)
     seed: int = 0
     device: str = "auto"  # "auto": CUDA when present, else the CPU
     amp: str = "auto"  # "auto" (what the hardware computes natively), "off", "bf16" or "fp16"
@@ -75,68 +76,88 @@ class TrainConfig(ModelSettings):
     log_every: int = 50  # steps between metrics records
     checkpoint_every: int | None = None  # also checkpoint every this many steps (None: not by steps)
     checkpoint_minutes: float | None = 10.0  # also checkpoint when this many minutes passed since the last one
-    # validation points (validate, keep the weights for averaging): every eval_minutes or eval_every steps if set,
-    # else at each epoch's end, which then also writes last.pt
+    # validation points (validate, keep the weights for averaging): every eval_epochs of data, eval_minutes or
+    # eval_every steps if set, else at each epoch's end, which then also writes last.pt
+    eval_epochs: float | None = None
     eval_minutes: float | None = None
     eval_every: int | None = None
     snapshot_minutes: float | None = None  # keep the weights every this many minutes (a learning curve's points)
 
     def __post_init__(self) -> None:
-        self.betas = tuple(float(b) for b in self.betas)
-        _check_corpus_fields(self)
-        self.model_config(self.vocab_size)  # TransformerConfig checks the model's fields, naming the one wrong
-        for name in ["vocab_size", "max_len", "max_tokens", "accum_steps", "warmup", "epochs", "average_last",
-                     "log_every"]:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ["train_subset", "max_steps", "max_minutes", "clip_grad_norm", "lr_factor", "threads",
-                     "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "eval_minutes", "eval_every"]:
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name}={value} must be positive" + ("" if name == "lr_factor" else " or None"))
-        positions = TransformerConfig.max_len
-        if self.max_len >= positions:
-            raise ValueError(f"max_len={self.max_len}: the model has {positions} positions and a sentence takes one "
-                             f"more for <eos> (or <bos>), so max_len can be at most {positions - 1}")
-        for name in ["inner_dropout_from", "label_smoothing"]:
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
-        cooldown_factor(0.0, self.cooldown)  # validates cooldown
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas={self.betas} must be two numbers in [0, 1)")
-        choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be one of {', '.join(allowed)}")
+        _check_train_config(self)  # the next cell: each field in its range, or a ValueError that names it
 
-    @property
-    def points_by_epoch(self) -> bool:
-        """Whether validation points (and a last.pt) come at each epoch's end, rather than by minutes or steps."""
-        return self.eval_minutes is None and self.eval_every is None
 
-    def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The TransformerConfig of this run's model, for a tokenizer of vocab_size tokens."""
-        return TransformerConfig(vocab_size=vocab_size, **{f.name: getattr(self, f.name) for f in fields(ModelSettings)})
+# %% ../book/eng_configuration.ipynb #e0491563
+def _check_train_config(config: TrainConfig) -> None:
+    """ValueError, naming the field, for a value out of its range; the corpus fields as plain strings."""
+    config.betas = tuple(float(b) for b in config.betas)
+    _check_corpus_fields(config)
+    config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields, naming the one wrong
+    for name in ["vocab_size", "max_len", "max_tokens", "accum_steps", "warmup", "epochs", "average_last",
+                 "log_every"]:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name}={getattr(config, name)} must be at least 1")
+    for name in ["train_subset", "max_steps", "max_minutes", "clip_grad_norm", "lr_factor", "threads",
+                 "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "eval_epochs", "eval_minutes",
+                 "eval_every"]:
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"{name}={value} must be positive" + ("" if name == "lr_factor" else " or None"))
+    positions = TransformerConfig.max_len
+    if config.max_len >= positions:
+        raise ValueError(f"max_len={config.max_len}: the model has {positions} positions and a sentence takes one "
+                         f"more for <eos> (or <bos>), so max_len can be at most {positions - 1}")
+    for name in ["inner_dropout_from", "label_smoothing"]:
+        if not 0.0 <= getattr(config, name) < 1.0:
+            raise ValueError(f"{name}={getattr(config, name)} must be in [0, 1)")
+    cooldown_factor(0.0, config.cooldown)  # validates cooldown
+    if len(config.betas) != 2 or not all(0.0 <= b < 1.0 for b in config.betas):
+        raise ValueError(f"betas={config.betas} must be two numbers in [0, 1)")
+    choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
+    for name, allowed in choices.items():
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"{name}={getattr(config, name)!r} must be one of {', '.join(allowed)}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """The configuration as plain values (for checkpoints and JSON)."""
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        """A configuration from to_dict()'s output (of this version or an older one); unknown fields raise ValueError."""
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(names))
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s): {', '.join(unknown)}{_did_you_mean(unknown[0], names)}")
-        return cls(**values)
+# %% ../book/eng_configuration.ipynb #00c2ad46
+def _points_by_epoch(self: TrainConfig) -> bool:
+    """Whether validation points (and a last.pt) come at each epoch's end, rather than by data, minutes or steps."""
+    return self.eval_epochs is None and self.eval_minutes is None and self.eval_every is None
 
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "TrainConfig":
-        """A preset ("tiny", "cpu", "colab" or "gpu") with some fields replaced, e.g. from_preset("cpu", max_minutes=30)."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], **overrides})
+
+def _model_config(self: TrainConfig, vocab_size: int) -> TransformerConfig:
+    """The TransformerConfig of this run's model, for a tokenizer of vocab_size tokens."""
+    return TransformerConfig(vocab_size=vocab_size, **{f.name: getattr(self, f.name) for f in fields(ModelSettings)})
+
+
+def _to_dict(self: TrainConfig) -> dict[str, Any]:
+    """The configuration as plain values (for checkpoints and JSON)."""
+    return asdict(self)
+
+
+def _from_dict(cls: type[TrainConfig], values: dict[str, Any]) -> TrainConfig:
+    """A configuration from to_dict()'s output (of this version or an older one); unknown fields raise ValueError."""
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"unknown TrainConfig field(s): {', '.join(unknown)}{_did_you_mean(unknown[0], names)}")
+    return cls(**values)
+
+
+def _from_preset(cls: type[TrainConfig], name: str, **overrides: Any) -> TrainConfig:
+    """A preset ("tiny", "cpu", "colab" or "gpu") with some fields replaced, e.g. from_preset("cpu", max_minutes=30);
+    the configuration records the preset's name in `preset`."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return cls.from_dict({**PRESETS[name], "preset": name, **overrides})
+
+
+TrainConfig.points_by_epoch = property(_points_by_epoch)
+TrainConfig.model_config = _model_config
+TrainConfig.to_dict = _to_dict
+TrainConfig.from_dict = classmethod(_from_dict)
+TrainConfig.from_preset = classmethod(_from_preset)
+
 
 # %% ../book/eng_configuration.ipynb #9e423251
 CORPUS_FIELDS = ("train_src", "train_tgt", "val_src", "val_tgt")
@@ -162,13 +183,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,
                 inner_dropout_from=0.5, max_tokens=2000, warmup=800, lr_factor=0.5, cooldown=0.4, epochs=1000,
                 max_minutes=60.0, average_last=5, snapshot_minutes=10.0),
+    # a budget in data, 30 epochs, capped at 10 minutes; a validation point every 2 epochs (the section below)
     "gpu": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1,
-                norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4, epochs=1000, max_minutes=10.0,
-                average_last=5, log_every=10, eval_minutes=1.0, checkpoint_minutes=2.0),
+                norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4, epochs=30, max_minutes=10.0,
+                average_last=5, log_every=10, eval_epochs=2.0, checkpoint_minutes=2.0),
 }
-# A GPU without bfloat16, such as Colab's free T4: the cpu preset's model and recipe for half an hour, with points
-# and last.pt by the clock (an epoch takes seconds there, and the run folder may live on a slow network drive).
-PRESETS["colab"] = {**PRESETS["cpu"], "max_minutes": 30.0, "eval_minutes": 1.0, "checkpoint_minutes": 2.0}
+# A GPU without bfloat16, such as Colab's free T4: the cpu preset's model and recipe for the 20 epochs its hour saw,
+# capped at half an hour, a validation point at each epoch's end and last.pt by the clock (the run folder may live on
+# a slow network drive).
+PRESETS["colab"] = {**PRESETS["cpu"], "epochs": 20, "max_minutes": 30.0, "eval_epochs": 1.0, "checkpoint_minutes": 2.0}
 
 # %% ../book/eng_configuration.ipynb #66377c97
 def _did_you_mean(name: str, names: Sequence[str]) -> str:
