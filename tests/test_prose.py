@@ -33,6 +33,7 @@ ALLOWED = {
 # Numbers that are constants only in their phrase: a bare 12 or 80% elsewhere is still checked.
 ALLOWED_PHRASES = [
     "12 hours on 8 GPUs",  # the paper's base model's training (Sec. 5.2)
+    "4.5 million sentence pairs",  # the paper's WMT 2014 English-German data (Sec. 5.1)
     "16 GB",  # a GPU's memory, the size the `gpu` preset aims at
     "8 or 11 bits", "24 significant bits",  # the mantissas of bfloat16, float16 and float32
     "RTX 30xx", "capability 7.5",  # names of GPUs and of their generations
