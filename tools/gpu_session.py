@@ -63,8 +63,8 @@ DRY_TESTS = ["tests/test_gpu_check.py::test_share_of_run_by_hand",
 class Session:
     """The clock, the environment and the log of one phase; writes OUT/session_<phase>.json after each step."""
 
-    def __init__(self, phase: str, out: Path, dry_run: bool, work: Path, data: Path):
-        self.phase, self.out, self.dry_run, self.work, self.data = phase, out, dry_run, work, data
+    def __init__(self, phase: str, out: Path, dry_run: bool, work: Path, data: Path, score: str = "auto"):
+        self.phase, self.out, self.dry_run, self.work, self.data, self.score = phase, out, dry_run, work, data, score
         self.start = time.perf_counter()
         self.steps: dict[str, dict] = {}
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "TRANSFORMER_LIB_DATA": str(data),
@@ -102,6 +102,14 @@ class Session:
                     code = process.wait()
         self.record(name, time.perf_counter() - start, returncode=code, cut_at_deadline=cut)
         return code
+
+
+def checkpoint_to_score(run_dir: Path, choice: str = "auto") -> str | None:
+    """model.pt of a finished run; last.pt of a run cut short (what exists is scored); None when neither exists.
+    choice "model.pt" or "last.pt" asks for one (the dry run scores last.pt, to exercise the fallback)."""
+    if choice != "auto":
+        return choice if (run_dir / choice).exists() else None
+    return next((name for name in ("model.pt", "last.pt") if (run_dir / name).exists()), None)
 
 
 def preflight(s: Session) -> dict:
@@ -152,9 +160,9 @@ def phase_a(s: Session) -> None:
     s.run("train", train, s.out / "train.log", timeout=deadline)
     if (run_dir / "metrics.jsonl").exists():
         shutil.copy(run_dir / "metrics.jsonl", s.out / "metrics.jsonl")
-    model = "model.pt" if (run_dir / "model.pt").exists() else "last.pt"  # a run cut short: score what exists
-    if not (run_dir / model).exists():
-        s.record("score", 0.0, error="no model.pt and no last.pt: nothing to score")
+    model = checkpoint_to_score(run_dir, s.score)  # a run cut short: score what exists
+    if model is None:
+        s.record("score", 0.0, error=f"no {'model.pt or last.pt' if s.score == 'auto' else s.score}: nothing to score")
         raise SystemExit(1)
     shown = "transformer-lib train --preset " + preset + "".join(f" --set {k}={v}" for k, v in overrides.items())
     record = [sys.executable, "tools/record_run.py", str(run_dir), str(s.out / "gpu.json"), "--command", shown,
@@ -199,6 +207,8 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="a tiny budget on the CPU (CI)")
     parser.add_argument("--data", type=Path, default=DATA,
                         help="the folder of the Multi30k files (default: data/multi30k, which `make gpu-data` fills)")
+    parser.add_argument("--score", choices=["auto", "model.pt", "last.pt"], default="auto",
+                        help="the checkpoint to score (auto: model.pt, else last.pt of a run cut short)")
     parser.add_argument("--work", type=Path, default=None,
                         help="where the run folder and the tokenizer cache go (default: a new temporary folder; "
                              "never inside OUT, whose files come back)")
@@ -208,7 +218,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     for phase, body in (("A", phase_a), ("B", phase_b)):
         if args.phase in (phase, "all"):
-            body(Session(phase, args.out, args.dry_run, work, args.data.resolve()))
+            body(Session(phase, args.out, args.dry_run, work, args.data.resolve(), args.score))
 
 
 if __name__ == "__main__":
