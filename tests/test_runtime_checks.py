@@ -176,3 +176,45 @@ def test_an_apple_gpu_trains_the_cpu_preset(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(runtime, "mps_available", lambda: True)
     assert runtime.machine_preset() == "cpu"
+
+
+def _cxx_compiler() -> str | None:
+    import os
+    import shutil
+
+    return next((path for name in (os.environ.get("CXX"), "g++", "c++", "clang++") if name
+                 for path in [shutil.which(name)] if path), None)
+
+
+@pytest.mark.skipif(_cxx_compiler() is None, reason="Inductor compiles C++ on the CPU, and no C++ compiler is installed")
+def test_inductor_computes_the_loss_of_eager(tmp_path, monkeypatch):
+    """torch.compile with its default backend, Inductor, once on the CPU on a tiny model: the loss equals eager's
+    within float32 reordering, and Inductor really generated code (in its cache folder, empty before). The forward
+    pass only: compiling the backward too takes minutes on two busy cores (test_training_runs checks a compiled
+    training run with Dynamo's eager backend)."""
+    import torch._dynamo
+    import torch._inductor.config
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from transformer_lib.model import Transformer, TransformerConfig
+    from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
+
+    if not torch._dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile does not support this Python version")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=40, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                          d_ff=32, dropout=0.0, max_len=16)).eval()
+    g = torch.Generator().manual_seed(1)
+    batch = make_batch([torch.randint(4, 40, (n,), generator=g).tolist() for n in (5, 7, 3)],
+                       [torch.randint(4, 40, (n,), generator=g).tolist() for n in (6, 4, 7)])
+    criterion = LabelSmoothingLoss(40, 0, 0.1, reduction="sum")
+    compiled = torch.compile(lambda b: batch_loss(model, b, criterion), backend="inductor")
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), torch._inductor.config.patch(compile_threads=1):
+        eager = batch_loss(model, batch, criterion)
+        got = compiled(batch)
+    torch._dynamo.reset()
+    for value, expected in zip(got, eager, strict=True):  # the summed loss and negative log-likelihood
+        assert torch.allclose(value, expected, rtol=1e-5), (value, expected)  # float32: eps 1.2e-7, sums reordered
+    assert list((tmp_path / "inductor").rglob("*.py")), "no code generated: Inductor did not run"
