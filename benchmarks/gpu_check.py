@@ -13,12 +13,13 @@ What it prints (and writes as JSON to --out):
    difference of our log-probabilities under bfloat16 and float16 autocast from the float32 reference, each
    against its bound;
 3. which SDPA kernel our attention runs, with is_causal and with a padding mask;
-4. training tokens/s of the gpu preset's model (bf16 eager, bf16 compiled, fp16 with loss scaling) and of
+4. the seconds of one validation, one weights-only snapshot and one full last.pt, and the share of a run of
+   --run-minutes they take at its cadence (--eval-minutes, --checkpoint-minutes);
+5. training tokens/s of the gpu preset's model (bf16 eager, bf16 compiled, fp16 with loss scaling) and of
    torch.nn.Transformer of the same shape, each with its MFU: the step's FLOPs counted by
    transformer_lib.runtime.training_flops from the real (unpadded) tokens, per second, over the GPU's published
-   dense 16-bit peak (runtime.PEAK_FLOPS); tokens/s counts real tokens too, as the trainer does;
-5. the seconds of one validation, one weights-only snapshot and one full last.pt, and the share of a run of
-   --run-minutes they take at its cadence (--eval-minutes, --checkpoint-minutes).
+   dense 16-bit peak (runtime.PEAK_FLOPS); tokens/s counts real tokens too, as the trainer does. The compiled
+   mode comes last: its compilation takes the longest.
 
 The JSON is rewritten after each part, so a run cut short (a `timeout`, a lost machine) leaves what it measured.
 
@@ -163,8 +164,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps: int, quick: bool) -> dict:
-    """Training tokens/s (source + target, real tokens) and MFU of each mode, the median of `steps` timed steps."""
+def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps: int, quick: bool,
+               results: dict | None = None, saved=lambda: None) -> dict:
+    """Training tokens/s (source + target, real tokens) and MFU of each mode, the median of `steps` timed steps;
+    each mode's result goes into `results` as it comes, and saved() is called after each (the compiled mode, whose
+    compilation takes the longest, comes last)."""
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.positional import sinusoidal_encoding
     from transformer_lib.recipe import LabelSmoothingLoss
@@ -180,13 +184,14 @@ def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps:
                                                         "n_decoder_layers", "d_ff", "dropout", "norm_first")})
     flops = training_flops(config, src_lengths, tgt_lengths)
     peak = peak_flops(device)
-    modes = {"ours bf16 eager": (torch.bfloat16, False, "ours"), "ours bf16 compiled": (torch.bfloat16, True, "ours"),
-             "ours fp16 + GradScaler": (torch.float16, False, "ours"),
-             "nn.Transformer bf16 eager": (torch.bfloat16, False, "torch")}
-    results = {}
+    modes = {"ours bf16 eager": (torch.bfloat16, False, "ours"), "ours fp16 + GradScaler": (torch.float16, False, "ours"),
+             "nn.Transformer bf16 eager": (torch.bfloat16, False, "torch"),
+             "ours bf16 compiled": (torch.bfloat16, True, "ours")}
+    results = {} if results is None else results
     for name, (dtype, compiled, which) in modes.items():
         if compiled and quick:
             results[name] = {"error": "skipped with --quick (Dynamo alone takes half a minute on two cores)"}
+            saved()
             continue
         torch.manual_seed(0)
         if which == "ours":
@@ -222,11 +227,13 @@ def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps:
                     warm_up = time.perf_counter() - compile_start
         except RuntimeError as err:
             results[name] = {"error": str(err).splitlines()[0]}
+            saved()
             continue
         step = statistics.median(times[2:])
         results[name] = {"tokens_per_s": tokens / step, "step_s": step, "warm_up_s": warm_up,
                          "mfu": flops / step / peak if peak else None, "step_flops": flops,
                          "padded_share": 1 - tokens / padded}
+        saved()
         del model, optimizer
     return results
 
@@ -329,13 +336,14 @@ def main() -> None:
     report["sdpa_kernels"] = {name: sdpa_kernels(shape, device, dtype)
                               for name, dtype in [("float32", None), ("bfloat16", torch.bfloat16)]}
     save("sdpa_kernels")
-    report["training"] = throughput(shape, device, B, S, T, steps, args.quick)
-    save("training")
     report["overhead"] = overhead_share(shape, device, B, S, T, val_batches, cadence)
     ok = all(v.get("ok", False) for k, v in report["correctness"].items()
              if k == "float32" or (isinstance(v, dict) and "error" not in v))
     report["ok"] = ok
     save("overhead")
+    report["training"] = {}  # filled mode by mode: a cut run keeps the modes it timed
+    throughput(shape, device, B, S, T, steps, args.quick, report["training"], lambda: save("training (part)"))
+    save("training")
 
     env = report["environment"]
     print(f"torch {env['torch']}, {env.get('gpu', env.get('cpu'))}"

@@ -8,24 +8,36 @@ trained and scored in the same command). Before the lease, here: `make gpu-data`
 data/multi30k, a folder inside the tree that git ignores, which travels with the tree when the lease is told to
 carry `data`. Everything runs with PYTHONPATH at the repository, nothing installed.
 
-Usage:  python tools/gpu_session.py A OUT      (one command of at most 9.5 minutes)
-        python tools/gpu_session.py B OUT      (one command of about 4 minutes)
-        python tools/gpu_session.py all OUT --dry-run   (both on the CPU with a tiny budget, in about a minute: CI)
+Usage:  python tools/gpu_session.py A OUT      (one command of at most 9.5 minutes: timeout_s 580)
+        python tools/gpu_session.py B OUT [--budget-s S]   (one command of about 4 minutes, at once after A)
+        python tools/gpu_session.py all OUT --dry-run   (both on the CPU with a tiny budget, under a minute: CI)
 
-Phase A, about 9.5 minutes, the one that matters most (never drop it):
-  preflight   ~15 s  device, versions, data present and verified -> OUT/preflight.json
-  start-up    ~30 s  the trainer's own: data, the BPE tokenizer (about 8 s to train), the model, CUDA
-  training   360 s   the gpu preset with its budget stated here (TRAIN_SET): 6 minutes of steps, by the trainer's
-                     clock, which starts at its first step; a hard deadline (SIGTERM, then last.pt) guards scoring
-  finishing  ~20 s   the end's validation, the average of the last 5 points, model.pt
+Phase A, at most 570 s, the one that matters most (never drop it). Estimated on an H100/H200 from the dry run's
+measurements and the recorded gpu runs; no lease has run it yet:
+  preflight   ~15 s  Python, torch, CUDA's start; device, versions, data verified -> OUT/preflight.json
+                     (dry run: 3.5 s)
+  start-up    ~30 s  the trainer's process and its start-up before its clock starts: data, the 8000-token BPE
+                     (8 s to train on a 2-core CPU), encoding, the model on the GPU (dry run: 4.5 s for the process
+                     and 6.7 s of start-up with a 400-token BPE)
+  training   330 s   the gpu preset with its budget stated here (TRAIN_SET): 5.5 minutes of steps by the trainer's
+                     clock, which starts at its first step, not at the command's
+  finishing  ~15 s   the end's validation, the average of the last 5 points, model.pt and last.pt (dry run: 2 s)
   scoring    ~90 s   val and test2016, beam 4 and greedy, cased and lower-cased, with tools/record_run.py (model.pt,
                      or last.pt if the run was cut) -> OUT/gpu.json with device, versions, epochs, tokens/s,
-                     real-token MFU, the share of time outside training steps, and the validation-loss curve
-  margin     ~55 s   what is left of 570 s; the deadline leaves SCORE_RESERVE_S for scoring however long start-up took
-Phase B, about 4 minutes, dropped first (nothing in it is needed for the translator's results):
-  gpu_check  <=150 s benchmarks/gpu_check.py under `timeout` (its JSON is rewritten after each part) -> OUT/gpu_check.json
-  unit tests <=90 s  pytest tests -x -q with 8 xdist workers under `timeout` -> OUT/pytest.log
-  If the lease is short, drop the unit tests first, then the GPU check.
+                     real-token MFU, the share of time outside training steps, and the validation-loss curve (the
+                     learning curve by minutes) (dry run, 8 sentences a split: 9.3 s)
+  margin     ~90 s   of 570 s. A hard deadline guards scoring: the training command gets 570 - 120 s - the
+                     preflight's seconds (about 435 s against the ~375 s it needs); past it, SIGTERM makes the trainer
+                     write last.pt and stop, and last.pt is scored.
+Phase B, 240 s by default (--budget-s: what the lease has left), dropped first: the translator's results need none of it.
+  gpu_check  <=120 s benchmarks/gpu_check.py under a timeout; its JSON is rewritten after each part and each
+                     training mode, the compiled one last -> OUT/gpu_check.json (dry run, --quick: 10.7 s)
+  unit tests <=90 s  pytest tests -x -q with 8 xdist workers under a timeout -> OUT/pytest.log; skipped when less
+                     than 30 s is left (dry run, two tests: 9.1 s)
+  Within B, drop the unit tests first, then the GPU check.
+The lease: a machine's start (1 to 2 minutes) + A (~8 to 9.5 minutes) + B (4 minutes) is 13 to 15.5 minutes of the
+15: call B at once after A, with --budget-s set from the time left (status's budget_left_s minus 30 s), and skip it
+under 90 s.
 
 Files back (at most 8 a command): A writes preflight.json, train.log, metrics.jsonl, gpu.json, session_A.json;
 B writes gpu_check.json, gpu_check.log, pytest.log, session_B.json.
@@ -46,13 +58,14 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "multi30k"  # filled by `make gpu-data`; git ignores data/ (--data: another folder)
 
 COMMAND_S = 570  # one command: 9.5 minutes
-TRAIN_MINUTES = 6.0
-SCORE_RESERVE_S = 150  # scoring and recording, kept free whatever start-up took
+TRAIN_MINUTES = 5.5
+SCORE_RESERVE_S = 120  # scoring and recording, kept free whatever start-up took
 # the gpu preset with its budget stated in full: the trainer's minutes (from its first step) are the binding limit
 TRAIN_SET = {"epochs": 1000, "max_steps": "none", "max_minutes": TRAIN_MINUTES, "eval_minutes": 1.0,
              "checkpoint_minutes": 2.0, "average_last": 5, "snapshot_minutes": "none", "log_every": 10}
-GPU_CHECK_S = 150
+GPU_CHECK_S = 120
 PYTEST_S = 90
+PHASE_B_S = 240  # phase B's default budget (--budget-s): what the lease has left after phase A and the machine's start
 # the dry run: the tiny preset, a few steps on the CPU, a few sentences scored, gpu_check --quick, two unit tests
 DRY_SET = {"epochs": 1, "max_steps": 4, "max_minutes": 1.0, "train_subset": 200, "vocab_size": 400, "device": "cpu",
            "amp": "off", "average_last": 1, "log_every": 2, "threads": 1}
@@ -160,6 +173,11 @@ def phase_a(s: Session) -> None:
     s.run("train", train, s.out / "train.log", timeout=deadline)
     if (run_dir / "metrics.jsonl").exists():
         shutil.copy(run_dir / "metrics.jsonl", s.out / "metrics.jsonl")
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+        overhead = next((r for r in reversed(records) if r.get("kind") == "overhead"), None)
+        if overhead is not None:  # the trainer's own start-up (before its clock), validation, saving, averaging
+            s.record("trainer_overhead", overhead["seconds"] * overhead["share"],
+                     **{k: round(v, 1) for k, v in overhead.items() if k not in ("kind", "step", "seconds", "share")})
     model = checkpoint_to_score(run_dir, s.score)  # a run cut short: score what exists
     if model is None:
         s.record("score", 0.0, error=f"no {'model.pt or last.pt' if s.score == 'auto' else s.score}: nothing to score")
@@ -178,13 +196,18 @@ def phase_a(s: Session) -> None:
                  tokens_per_s=result.get("tokens_per_s"), margin_s=round(COMMAND_S - s.elapsed(), 1))
 
 
-def phase_b(s: Session) -> None:
-    """The GPU check and the unit tests under this machine's PyTorch, each capped."""
+def phase_b(s: Session, budget_s: float = PHASE_B_S) -> None:
+    """The GPU check and the unit tests under this machine's PyTorch, each capped to fit budget_s: the unit tests
+    go first when the budget is short (they run only with 30 s or more left after the check)."""
     check = [sys.executable, "benchmarks/gpu_check.py", "--out", str(s.out / "gpu_check.json"),
              "--run-minutes", str(TRAIN_MINUTES)]
     if s.dry_run:
         check += ["--device", "cpu", "--quick"]
-    s.run("gpu_check", check, s.out / "gpu_check.log", timeout=GPU_CHECK_S, grace_s=5)
+    s.run("gpu_check", check, s.out / "gpu_check.log", timeout=max(10, min(GPU_CHECK_S, budget_s - 60)), grace_s=5)
+    left = budget_s - s.elapsed() - 10
+    if left < 30:
+        s.record("unit_tests", 0.0, skipped=f"{left:.0f} s left of the phase's {budget_s:.0f} s")
+        return
     tests = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
     if s.dry_run:
         tests += DRY_TESTS
@@ -197,7 +220,7 @@ def phase_b(s: Session) -> None:
         except ImportError:
             pass
     s.env.update(TRANSFORMER_LIB_PRESET="tiny", OMP_NUM_THREADS="1")
-    s.run("unit_tests", tests, s.out / "pytest.log", timeout=PYTEST_S, grace_s=5)
+    s.run("unit_tests", tests, s.out / "pytest.log", timeout=min(PYTEST_S, left), grace_s=5)
 
 
 def main() -> None:
@@ -207,6 +230,9 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="a tiny budget on the CPU (CI)")
     parser.add_argument("--data", type=Path, default=DATA,
                         help="the folder of the Multi30k files (default: data/multi30k, which `make gpu-data` fills)")
+    parser.add_argument("--budget-s", type=float, default=PHASE_B_S,
+                        help=f"phase B's seconds (default {PHASE_B_S}): the GPU check gets up to {GPU_CHECK_S}, "
+                             f"the unit tests up to {PYTEST_S} of what is left, or are skipped under 30")
     parser.add_argument("--score", choices=["auto", "model.pt", "last.pt"], default="auto",
                         help="the checkpoint to score (auto: model.pt, else last.pt of a run cut short)")
     parser.add_argument("--work", type=Path, default=None,
@@ -216,9 +242,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_session_"))
     work.mkdir(parents=True, exist_ok=True)
-    for phase, body in (("A", phase_a), ("B", phase_b)):
-        if args.phase in (phase, "all"):
-            body(Session(phase, args.out, args.dry_run, work, args.data.resolve(), args.score))
+    session = lambda phase: Session(phase, args.out, args.dry_run, work, args.data.resolve(), args.score)  # noqa: E731
+    if args.phase in ("A", "all"):
+        phase_a(session("A"))
+    if args.phase in ("B", "all"):
+        phase_b(session("B"), args.budget_s)
 
 
 if __name__ == "__main__":
