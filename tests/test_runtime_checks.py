@@ -218,3 +218,44 @@ def test_inductor_computes_the_loss_of_eager(tmp_path, monkeypatch):
     for value, expected in zip(got, eager, strict=True):  # the summed loss and negative log-likelihood
         assert torch.allclose(value, expected, rtol=1e-5), (value, expected)  # float32: eps 1.2e-7, sums reordered
     assert list((tmp_path / "inductor").rglob("*.py")), "no code generated: Inductor did not run"
+
+
+@pytest.mark.parametrize("norm_first, S, T", [(False, 9, 7), (True, 5, 12)])
+def test_training_flops_equal_pytorchs_count(norm_first, S, T):
+    """The oracle: FlopCounterMode counts every matrix product of a real forward and backward pass (the math attention
+    kernel, which it sees as products); on sentences of equal lengths there is no padding, so the two must agree to
+    the FLOP. With padding PyTorch counts more than the real tokens' work, which training_flops leaves out."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from transformer_lib.model import Transformer, TransformerConfig
+    from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
+
+    torch.manual_seed(0)
+    config = TransformerConfig(vocab_size=300, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=3, d_ff=48,
+                               norm_first=norm_first)
+    model = Transformer(config)
+    criterion = LabelSmoothingLoss(300, 0, 0.1, reduction="sum")
+
+    def counted(src, tgt):
+        with FlopCounterMode(display=False) as counter, sdpa_kernel([SDPBackend.MATH]):
+            batch_loss(model, make_batch(src, tgt), criterion)[0].backward()
+        return counter.get_total_flops()
+
+    src = torch.randint(4, 300, (5, S)).tolist()
+    tgt = torch.randint(4, 300, (5, T)).tolist()
+    assert runtime.training_flops(config, [S + 1] * 5, [T + 1] * 5) == counted(src, tgt)  # + <eos>; <bos> + target
+    ragged_src, ragged_tgt = [s[: S - k] for k, s in enumerate(src)], [t[: T - k] for k, t in enumerate(tgt)]
+    real = runtime.training_flops(config, [S + 1 - k for k in range(5)], [T + 1 - k for k in range(5)])
+    assert real < counted(ragged_src, ragged_tgt)  # the padded batch's work is more than its real tokens'
+
+
+def test_the_peak_of_a_gpu_by_its_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
+    assert runtime.peak_flops(torch.device("cuda")) == runtime.PEAK_FLOPS["H100 PCIe"]  # the longest name that fits
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert runtime.peak_flops(torch.device("cuda")) == 989e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    assert runtime.peak_flops(torch.device("cuda")) == 65e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    assert runtime.peak_flops(torch.device("cuda")) is None and runtime.peak_flops(CPU) is None
