@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: book test colab env export check-export html execute bench clean
+.PHONY: book test colab env export check-export html execute bench clean gpu-data
 
 ## Set up the environment and build the book into _build/html.
 book: env html
@@ -63,6 +63,13 @@ execute: env
 ## Side-by-side speed measurements (each prints ratio=... last).
 bench: env
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f --quick || exit 1; done
+
+## Copy the Multi30k files into data/multi30k, a folder inside the tree that git ignores, for a machine that sees only
+## the tree (tools/gpu_session.py reads them there): make gpu-data GPU_DATA_FROM=folder-of-the-six-files
+GPU_DATA_FROM ?= ../shared/data/multi30k
+gpu-data:
+	mkdir -p data/multi30k
+	cp $(GPU_DATA_FROM)/*.gz $(GPU_DATA_FROM)/SHA256SUMS data/multi30k/
 
 clean:
 	rm -rf _build

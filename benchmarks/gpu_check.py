@@ -13,13 +13,17 @@ What it prints (and writes as JSON to --out):
    difference of our log-probabilities under bfloat16 and float16 autocast from the float32 reference, each
    against its bound;
 3. which SDPA kernel our attention runs, with is_causal and with a padding mask;
-4. training tokens/s of the gpu preset's model (bf16 eager, bf16 compiled, fp16 with loss scaling) and of
-   torch.nn.Transformer of the same shape, each with its MFU: model FLOPs per second over the GPU's published
-   dense bf16 peak (as nanoGPT reports it);
-5. the seconds of one validation, one weights-only snapshot and one full last.pt, and the share of the gpu preset's
-   10 minutes they take at its cadence (eval_minutes, checkpoint_minutes).
+4. the seconds of one validation, one weights-only snapshot and one full last.pt, and the share of a run of
+   --run-minutes they take at its cadence (--eval-minutes, --checkpoint-minutes);
+5. training tokens/s of the gpu preset's model (bf16 eager, bf16 compiled, fp16 with loss scaling) and of
+   torch.nn.Transformer of the same shape, each with its MFU: the step's FLOPs counted by
+   transformer_lib.runtime.training_flops from the real (unpadded) tokens, per second, over the GPU's published
+   dense 16-bit peak (runtime.PEAK_FLOPS); tokens/s counts real tokens too, as the trainer does. The compiled
+   mode comes last: its compilation takes the longest.
 
-Usage: python benchmarks/gpu_check.py --out gpu_check.json             (a CUDA GPU; about 5 minutes on an H100)
+The JSON is rewritten after each part, so a run cut short (a `timeout`, a lost machine) leaves what it measured.
+
+Usage: python benchmarks/gpu_check.py --out gpu_check.json             (a CUDA GPU; a few minutes on an H100)
        python benchmarks/gpu_check.py --device cpu --quick --out x.json (a small model; seconds, for CI)
 The last line is ok=<True if every correctness check passed>.
 """
@@ -44,11 +48,13 @@ warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # nn.
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# published dense bfloat16 peaks (float16 for the T4), in FLOP/s, by a part of the GPU's name
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "T4": 65e12}
-# bounds on the largest difference of log-probabilities from the float32 reference, relative to 1 + |log p|: a random
-# model's log p is about -log V everywhere, and bfloat16 keeps 8 significant bits, float16 11
-BOUNDS = {"float32": 1e-5, "bfloat16": 0.1, "float16": 0.02}
+# bounds on the largest difference of log-probabilities from the float32 reference, relative to 1 + |log p|. Both
+# models are initialised as ours is (Xavier embeddings, which the generator shares: logits of a random model spread
+# by a few tenths, so log p is about -log V everywhere). Autocast rounds a product's inputs to bfloat16's 8
+# significant bits (unit roundoff u = 2^-8) or float16's 11 (2^-11); the bound allows 16 u, the rounding of twelve
+# layers compounding with room to spare. tests/test_gpu_check.py measures the gpu preset's size on the CPU (where
+# bfloat16 autocast runs too) against these bounds.
+BOUNDS = {"float32": 1e-5, "bfloat16": 16 * 2.0**-8, "float16": 16 * 2.0**-11}
 
 
 def environment(device: torch.device) -> dict:
@@ -80,6 +86,7 @@ def reference_parts(shape: dict, device: torch.device) -> tuple[nn.Transformer, 
                                  shape["n_decoder_layers"], shape["d_ff"], dropout=shape["dropout"],
                                  batch_first=True, norm_first=shape["norm_first"]).to(device)
     embed = nn.Embedding(shape["vocab_size"], shape["d_model"]).to(device)
+    nn.init.xavier_uniform_(embed.weight)  # as our Transformer initialises its (V, D) matrices, not nn.Embedding's N(0, 1)
     generator = nn.Linear(shape["d_model"], shape["vocab_size"]).to(device)
     generator.weight = embed.weight
     return transformer, embed, generator
@@ -97,8 +104,9 @@ def random_batch(vocab: int, B: int, S: int, T: int, device: torch.device, seed:
     return make_batch(src, tgt).to(device)
 
 
-def correctness(shape: dict, device: torch.device) -> dict:
-    """Largest differences of our log-probabilities from torch.nn.Transformer's with copied weights."""
+def correctness(shape: dict, device: torch.device, B: int = 16, S: int = 20, T: int = 18) -> dict:
+    """Largest differences of our log-probabilities from torch.nn.Transformer's with copied weights, on a batch of
+    B sentences of up to S source and T target tokens; with the spread of the reference's logits."""
     from transformer_lib.model import Transformer
     from transformer_lib.positional import sinusoidal_encoding
 
@@ -107,13 +115,14 @@ def correctness(shape: dict, device: torch.device) -> dict:
     ours = Transformer.from_torch(transformer, embed, embed, generator).to(device).eval()
     transformer.eval()
     pe = sinusoidal_encoding(512, shape["d_model"]).to(device)
-    batch = random_batch(shape["vocab_size"], 16, 20, 18, device, seed=1)
+    batch = random_batch(shape["vocab_size"], B, S, T, device, seed=1)
     real = batch.tgt_in != 0  # (B, T): positions that a loss reads
     out = {}
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 comparison in float32
     with torch.no_grad():
         expected = reference_pipeline(transformer, embed, generator, pe, batch.src, batch.tgt_in)  # (B, T, V)
+        out["reference_logit_std"] = (expected[real] - expected[real].mean(-1, keepdim=True)).std().item()
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
             try:
@@ -149,45 +158,43 @@ def sdpa_kernels(shape: dict, device: torch.device, dtype: torch.dtype | None) -
     return found
 
 
-def step_flops(shape: dict, B: int, S: int, T: int) -> float:
-    """Model FLOPs of one training step (forward and backward: 6 per weight per token, plus attention's products)."""
-    D, F_, V = shape["d_model"], shape["d_ff"], shape["vocab_size"]
-    Le, Ld = shape["n_encoder_layers"], shape["n_decoder_layers"]
-    weights = 6 * (Le * (4 * D * D + 2 * D * F_) * B * S + (Ld * (8 * D * D + 2 * D * F_) + D * V) * B * T)
-    attention = 12 * D * (Le * S * B * S + Ld * (T + S) * B * T)  # Q K^T and weights x V, forward and backward
-    return float(weights + attention)
-
-
 def sync(device: torch.device) -> None:
     """Wait for the device's queued work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps: int, quick: bool) -> dict:
-    """Training tokens/s (source + target, padded) and MFU of each mode, the median of `steps` timed steps."""
+def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps: int, quick: bool,
+               results: dict | None = None, saved=lambda: None) -> dict:
+    """Training tokens/s (source + target, real tokens) and MFU of each mode, the median of `steps` timed steps;
+    each mode's result goes into `results` as it comes, and saved() is called after each (the compiled mode, whose
+    compilation takes the longest, comes last)."""
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.positional import sinusoidal_encoding
     from transformer_lib.recipe import LabelSmoothingLoss
     from transformer_lib.distributed import LossComputation
+    from transformer_lib.runtime import peak_flops, training_flops
 
     batch = random_batch(shape["vocab_size"], B, S, T, device)
-    tokens = B * (batch.src.size(1) + batch.tgt_in.size(1))
-    flops = step_flops(shape, B, batch.src.size(1), batch.tgt_in.size(1))
-    peak = next((v for k, v in PEAK_FLOPS.items() if device.type == "cuda" and k in torch.cuda.get_device_name(device)),
-                None)
-    modes = {"ours bf16 eager": (torch.bfloat16, False, "ours"), "ours bf16 compiled": (torch.bfloat16, True, "ours"),
-             "ours fp16 + GradScaler": (torch.float16, False, "ours"),
-             "nn.Transformer bf16 eager": (torch.bfloat16, False, "torch")}
-    results = {}
+    tokens = batch.n_src_tokens + batch.n_tgt_tokens  # real tokens, as the trainer counts them
+    padded = batch.src.numel() + batch.tgt_in.numel()
+    src_lengths = (batch.src != 0).sum(1).tolist()  # (B,): with <eos>
+    tgt_lengths = (batch.tgt_out != 0).sum(1).tolist()  # (B,): the decoder's input, <bos> first, is as long
+    config = TransformerConfig(**{k: shape[k] for k in ("vocab_size", "d_model", "n_heads", "n_encoder_layers",
+                                                        "n_decoder_layers", "d_ff", "dropout", "norm_first")})
+    flops = training_flops(config, src_lengths, tgt_lengths)
+    peak = peak_flops(device)
+    modes = {"ours bf16 eager": (torch.bfloat16, False, "ours"), "ours fp16 + GradScaler": (torch.float16, False, "ours"),
+             "nn.Transformer bf16 eager": (torch.bfloat16, False, "torch"),
+             "ours bf16 compiled": (torch.bfloat16, True, "ours")}
+    results = {} if results is None else results
     for name, (dtype, compiled, which) in modes.items():
         if compiled and quick:
             results[name] = {"error": "skipped with --quick (Dynamo alone takes half a minute on two cores)"}
+            saved()
             continue
         torch.manual_seed(0)
         if which == "ours":
-            config = TransformerConfig(**{k: shape[k] for k in ("vocab_size", "d_model", "n_heads", "n_encoder_layers",
-                                                                "n_decoder_layers", "d_ff", "dropout", "norm_first")})
             model = Transformer(config).to(device)
             net = LossComputation(model, LabelSmoothingLoss(shape["vocab_size"], 0, 0.1, reduction="sum"))
             loss_fn = lambda: net(batch)[0]  # noqa: E731
@@ -220,20 +227,33 @@ def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps:
                     warm_up = time.perf_counter() - compile_start
         except RuntimeError as err:
             results[name] = {"error": str(err).splitlines()[0]}
+            saved()
             continue
         step = statistics.median(times[2:])
         results[name] = {"tokens_per_s": tokens / step, "step_s": step, "warm_up_s": warm_up,
-                         "mfu": flops / step / peak if peak else None}
+                         "mfu": flops / step / peak if peak else None, "step_flops": flops,
+                         "padded_share": 1 - tokens / padded}
+        saved()
         del model, optimizer
     return results
 
 
-def overhead_share(shape: dict, device: torch.device, B: int, S: int, T: int, val_batches: int) -> dict:
-    """Seconds of one validation, one weights snapshot and one last.pt, and their share of the gpu preset's run."""
+def share_of_run(validation_s: float, snapshot_s: float, last_pt_s: float, minutes: float, eval_minutes: float,
+                 checkpoint_minutes: float) -> float:
+    """The share of a run of `minutes` that its validation points (a validation and a weights snapshot each
+    eval_minutes), its last.pt writes (each checkpoint_minutes) and two more validations (the averaged model's and
+    the end's) take."""
+    points, saves = minutes / eval_minutes, minutes / checkpoint_minutes
+    return (points * (validation_s + snapshot_s) + saves * last_pt_s + 2 * validation_s) / (60 * minutes)
+
+
+def overhead_share(shape: dict, device: torch.device, B: int, S: int, T: int, val_batches: int,
+                   cadence: dict) -> dict:
+    """Seconds of one validation, one weights snapshot and one last.pt, and their share of a run of
+    cadence["minutes"] with a point every cadence["eval_minutes"] and a last.pt every cadence["checkpoint_minutes"]."""
     from transformer_lib.checkpoints import save_checkpoint
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.recipe import LabelSmoothingLoss, batch_loss
-    from transformer_lib.config import PRESETS
     from transformer_lib.runtime import resolve_amp
 
     torch.manual_seed(0)
@@ -258,16 +278,16 @@ def overhead_share(shape: dict, device: torch.device, B: int, S: int, T: int, va
         start = time.perf_counter()
         save_checkpoint({"model": model.state_dict()}, Path(folder) / "average.pt")
         snapshot = time.perf_counter() - start
+        snapshot_size = (Path(folder) / "average.pt").stat().st_size
         start = time.perf_counter()
         save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(folder) / "last.pt")
         last = time.perf_counter() - start
         size = (Path(folder) / "last.pt").stat().st_size
-    gpu = PRESETS["gpu"]
-    minutes = gpu["max_minutes"]
-    points, saves = minutes / gpu["eval_minutes"], minutes / gpu["checkpoint_minutes"]
-    spent = points * (validation + snapshot) + saves * last + validation * 2  # + the averaged model's and the end's
     return {"validation_s": validation, "snapshot_s": snapshot, "last_pt_s": last, "last_pt_mb": size / 1e6,
-            "validation_points": points, "last_pt_writes": saves, "share_of_gpu_preset": spent / (60 * minutes)}
+            "snapshot_mb": snapshot_size / 1e6, "parameters": sum(p.numel() for p in model.parameters()),
+            **cadence, "validation_points": cadence["minutes"] / cadence["eval_minutes"],
+            "last_pt_writes": cadence["minutes"] / cadence["checkpoint_minutes"],
+            "share_of_run": share_of_run(validation, snapshot, last, **cadence)}
 
 
 def main() -> None:
@@ -276,6 +296,10 @@ def main() -> None:
                         help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--quick", action="store_true", help="a small model and few steps (for the CPU and CI)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: nowhere)")
+    parser.add_argument("--run-minutes", type=float, default=6.0, help="the training run whose overhead share "
+                        "part 5 estimates (default: 6, tools/gpu_session.sh's budget)")
+    parser.add_argument("--eval-minutes", type=float, default=1.0, help="its minutes between validation points")
+    parser.add_argument("--checkpoint-minutes", type=float, default=2.0, help="its minutes between last.pt writes")
     parser.add_argument("--wheels", type=Path, default=None,
                         help="a folder of pure-Python wheels (einops, tqdm) to import from, without installing")
     args = parser.parse_args()
@@ -297,27 +321,42 @@ def main() -> None:
     start = time.perf_counter()
     report = {"environment": environment(device), "quick": args.quick, "shape": shape,
               "batch": {"sentences": B, "source_tokens": S, "target_tokens": T}}
+    cadence = {"minutes": args.run_minutes, "eval_minutes": args.eval_minutes,
+               "checkpoint_minutes": args.checkpoint_minutes}
+
+    def save(part: str) -> None:  # after each part: a run cut short leaves what it measured
+        report["seconds"] = time.perf_counter() - start
+        report["done"] = part
+        if args.out is not None:
+            args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+    save("environment")
     report["correctness"] = correctness(shape, device)
+    save("correctness")
     report["sdpa_kernels"] = {name: sdpa_kernels(shape, device, dtype)
                               for name, dtype in [("float32", None), ("bfloat16", torch.bfloat16)]}
-    report["training"] = throughput(shape, device, B, S, T, steps, args.quick)
-    report["overhead"] = overhead_share(shape, device, B, S, T, val_batches)
-    report["seconds"] = time.perf_counter() - start
-    ok = all(v.get("ok", False) for k, v in report["correctness"].items() if k == "float32" or "error" not in v)
+    save("sdpa_kernels")
+    report["overhead"] = overhead_share(shape, device, B, S, T, val_batches, cadence)
+    ok = all(v.get("ok", False) for k, v in report["correctness"].items()
+             if k == "float32" or (isinstance(v, dict) and "error" not in v))
     report["ok"] = ok
-    if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    save("overhead")
+    report["training"] = {}  # filled mode by mode: a cut run keeps the modes it timed
+    throughput(shape, device, B, S, T, steps, args.quick, report["training"], lambda: save("training (part)"))
+    save("training")
 
     env = report["environment"]
     print(f"torch {env['torch']}, {env.get('gpu', env.get('cpu'))}"
           + (f" (capability {env['capability']}, CUDA {env['cuda']})" if "gpu" in env else ""))
     for name, r in report["correctness"].items():
+        if not isinstance(r, dict):
+            continue
         print(f"  {name:9} log-probabilities vs nn.Transformer in float32: " + (r["error"] if "error" in r else
               f"max |diff| / (1 + |log p|) {r['max_rel_diff']:.1e} (bound {r['bound']:.0e}) "
               f"{'ok' if r['ok'] else 'FAILED'}"))
     for precision, kernels in report["sdpa_kernels"].items():
         print(f"  SDPA in {precision}: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kernels.items()))
-    print(f"  {'training step':28}{'tokens/s':>12}{'MFU':>8}{'warm-up s':>11}")
+    print(f"  {'training step':28}{'tokens/s':>12}{'MFU':>8}{'warm-up s':>11}   (real tokens, padding left out)")
     for name, r in report["training"].items():
         if "error" in r:
             print(f"  {name:28}{r['error']}")
@@ -326,8 +365,8 @@ def main() -> None:
         print(f"  {name:28}{r['tokens_per_s']:>12,.0f}{mfu:>8}{r['warm_up_s']:>11.1f}")
     o = report["overhead"]
     print(f"  validation {o['validation_s']:.2f} s, weights snapshot {o['snapshot_s']:.2f} s, last.pt "
-          f"{o['last_pt_s']:.2f} s ({o['last_pt_mb']:.0f} MB): {o['share_of_gpu_preset']:.1%} of the gpu preset's "
-          "run at its cadence")
+          f"{o['last_pt_s']:.2f} s ({o['last_pt_mb']:.0f} MB): {o['share_of_run']:.1%} of a {o['minutes']:g}-minute "
+          f"run at its cadence")
     print(f"{report['seconds']:.0f} s" + (f"; JSON in {args.out}" if args.out else ""))
     print(f"ok={ok}")
 

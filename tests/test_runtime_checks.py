@@ -176,3 +176,86 @@ def test_an_apple_gpu_trains_the_cpu_preset(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(runtime, "mps_available", lambda: True)
     assert runtime.machine_preset() == "cpu"
+
+
+def _cxx_compiler() -> str | None:
+    import os
+    import shutil
+
+    return next((path for name in (os.environ.get("CXX"), "g++", "c++", "clang++") if name
+                 for path in [shutil.which(name)] if path), None)
+
+
+@pytest.mark.skipif(_cxx_compiler() is None, reason="Inductor compiles C++ on the CPU, and no C++ compiler is installed")
+def test_inductor_computes_the_loss_of_eager(tmp_path, monkeypatch):
+    """torch.compile with its default backend, Inductor, once on the CPU on a tiny model: the loss equals eager's
+    within float32 reordering, and Inductor really generated code (in its cache folder, empty before). The forward
+    pass only: compiling the backward too takes minutes on two busy cores (test_training_runs checks a compiled
+    training run with Dynamo's eager backend)."""
+    import torch._dynamo
+    import torch._inductor.config
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from transformer_lib.model import Transformer, TransformerConfig
+    from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
+
+    if not torch._dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile does not support this Python version")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=40, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                          d_ff=32, dropout=0.0, max_len=16)).eval()
+    g = torch.Generator().manual_seed(1)
+    batch = make_batch([torch.randint(4, 40, (n,), generator=g).tolist() for n in (5, 7, 3)],
+                       [torch.randint(4, 40, (n,), generator=g).tolist() for n in (6, 4, 7)])
+    criterion = LabelSmoothingLoss(40, 0, 0.1, reduction="sum")
+    compiled = torch.compile(lambda b: batch_loss(model, b, criterion), backend="inductor")
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), torch._inductor.config.patch(compile_threads=1):
+        eager = batch_loss(model, batch, criterion)
+        got = compiled(batch)
+    torch._dynamo.reset()
+    for value, expected in zip(got, eager, strict=True):  # the summed loss and negative log-likelihood
+        assert torch.allclose(value, expected, rtol=1e-5), (value, expected)  # float32: eps 1.2e-7, sums reordered
+    assert list((tmp_path / "inductor").rglob("*.py")), "no code generated: Inductor did not run"
+
+
+@pytest.mark.parametrize("norm_first, S, T", [(False, 9, 7), (True, 5, 12)])
+def test_training_flops_equal_pytorchs_count(norm_first, S, T):
+    """The oracle: FlopCounterMode counts every matrix product of a real forward and backward pass (the math attention
+    kernel, which it sees as products); on sentences of equal lengths there is no padding, so the two must agree to
+    the FLOP. With padding PyTorch counts more than the real tokens' work, which training_flops leaves out."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from transformer_lib.model import Transformer, TransformerConfig
+    from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
+
+    torch.manual_seed(0)
+    config = TransformerConfig(vocab_size=300, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=3, d_ff=48,
+                               norm_first=norm_first)
+    model = Transformer(config)
+    criterion = LabelSmoothingLoss(300, 0, 0.1, reduction="sum")
+
+    def counted(src, tgt):
+        with FlopCounterMode(display=False) as counter, sdpa_kernel([SDPBackend.MATH]):
+            batch_loss(model, make_batch(src, tgt), criterion)[0].backward()
+        return counter.get_total_flops()
+
+    src = torch.randint(4, 300, (5, S)).tolist()
+    tgt = torch.randint(4, 300, (5, T)).tolist()
+    assert runtime.training_flops(config, [S + 1] * 5, [T + 1] * 5) == counted(src, tgt)  # + <eos>; <bos> + target
+    ragged_src, ragged_tgt = [s[: S - k] for k, s in enumerate(src)], [t[: T - k] for k, t in enumerate(tgt)]
+    real = runtime.training_flops(config, [S + 1 - k for k in range(5)], [T + 1 - k for k in range(5)])
+    assert real < counted(ragged_src, ragged_tgt)  # the padded batch's work is more than its real tokens'
+
+
+def test_the_peak_of_a_gpu_by_its_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
+    assert runtime.peak_flops(torch.device("cuda")) == runtime.PEAK_FLOPS["H100 PCIe"]  # the longest name that fits
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert runtime.peak_flops(torch.device("cuda")) == 989e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    assert runtime.peak_flops(torch.device("cuda")) == 65e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    assert runtime.peak_flops(torch.device("cuda")) is None and runtime.peak_flops(CPU) is None

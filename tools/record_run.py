@@ -10,17 +10,33 @@ A run that only informs a choice (an ablation) is scored on val alone, so test20
 
 A run stopped before its end has no model.pt: --model last.pt scores its last checkpoint instead.
 
+A dry run scores the first N pairs of each split only (--limit N); its BLEU is no result.
+
+It needs no install: it imports transformer_lib from the repository it lives in, as benchmarks/gpu_check.py does.
+
 Choose --beam and --alpha on val first (--val-only prints val BLEU for each pair of a grid and writes nothing):
   python tools/record_run.py RUN_DIR --val-only --beam 4 6 --alpha 0.6 1.0
 """
 import argparse
 import json
+import platform
 import statistics
+import sys
 from pathlib import Path
 
-from transformer_lib.data import load_multi30k
-from transformer_lib.trainer import OVERHEAD_PARTS
-from transformer_lib.translate import Translator, evaluate_bleu, evaluate_checkpoint, learning_curve
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository's transformer_lib, installed or not
+
+import torch  # noqa: E402
+
+from transformer_lib import translate  # noqa: E402
+from transformer_lib.config import TrainConfig, directed  # noqa: E402
+from transformer_lib.data import load_multi30k  # noqa: E402
+from transformer_lib.recipe import encode_pairs, token_batches  # noqa: E402
+from transformer_lib.runtime import peak_flops, training_flops  # noqa: E402
+from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
+from transformer_lib.trainer import OVERHEAD_PARTS  # noqa: E402
+from transformer_lib.translate import Translator, evaluate_bleu, evaluate_checkpoint, learning_curve  # noqa: E402
 
 CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first", "d_ff", "dropout", "attention_dropout",
                  "ffn_dropout", "inner_dropout_from", "vocab_size", "max_tokens", "lr_factor", "warmup", "cooldown",
@@ -39,7 +55,10 @@ def main() -> None:
     parser.add_argument("--splits", nargs="+", default=["val", "test2016"], help="the splits to score")
     parser.add_argument("--notes", default=None)
     parser.add_argument("--model", default="model.pt", help="the checkpoint to score (last.pt: a stopped run)")
+    parser.add_argument("--limit", type=int, default=None, help="score the first N pairs of each split (a dry run)")
     args = parser.parse_args()
+    if args.limit is not None:  # evaluate_checkpoint and learning_curve read the splits through this name
+        translate.load_multi30k = lambda split, data_dir=None: load_multi30k(split, data_dir)[: args.limit]
 
     if args.val_only:
         translator = Translator.from_checkpoint(args.run_dir / args.model)
@@ -56,7 +75,8 @@ def main() -> None:
                                  command=args.command)
     greedy = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=1)
     record["bleu_greedy"] = greedy["bleu"]
-    state = Translator.from_checkpoint(args.run_dir / args.model).info
+    translator = Translator.from_checkpoint(args.run_dir / args.model)
+    state = translator.info
     history, config = state.get("history", []), state.get("train_config", {})
     record["config"] = {k: config.get(k) for k in CONFIG_FIELDS}
     setup = next((r for r in history if r.get("kind") == "setup"), {})
@@ -64,6 +84,10 @@ def main() -> None:
     record["precision"] = "float32" if amp == "None" else amp
     speeds = [r["tokens_per_s"] for r in history if r.get("kind") == "train"][1:]  # the first window warms up
     record["tokens_per_s"] = round(statistics.median(speeds)) if speeds else None
+    record["python_version"] = platform.python_version()
+    record.update(_utilisation(state, translator.tokenizer, setup, record["tokens_per_s"]))
+    if args.limit is not None:
+        record["limit"] = f"the first {args.limit} pairs of each split (a dry run: no result)"
     record["val_loss_curve"] = [[round(r["minutes"], 2), round(r["val_loss"], 4)] for r in history
                                 if r.get("kind") == "val"]
     overheads = [r for r in history if r.get("kind") == "overhead"]  # one per start of the run (resumes too)
@@ -83,6 +107,25 @@ def main() -> None:
         record["notes"] = args.notes
     args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: record[k] for k in ("steps", "train_minutes", "bleu", "bleu_greedy", "tokens_per_s")}))
+
+
+def _utilisation(state: dict, tok: BPETokenizer, setup: dict, tokens_per_s: float | None) -> dict:
+    """The epochs the run trained (its steps over the steps of an epoch), its FLOPs per real token
+    (runtime.training_flops over its training pairs: padding left out) and its MFU on this machine's GPU (None on a
+    CPU or an unlisted GPU), from the median tokens/s of its training windows."""
+    config = TrainConfig.from_dict(state["train_config"])
+    pairs = directed(load_multi30k("train"), config.direction)[: config.train_subset]
+    src, tgt = encode_pairs(pairs, tok, config.max_len)
+    src_lengths, tgt_lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]  # <eos>; <bos>, as the trainer
+    per_token = training_flops(config.model_config(tok.vocab_size), src_lengths, tgt_lengths) / (
+        sum(src_lengths) + sum(tgt_lengths))
+    per_step = config.accum_steps * setup.get("processes", 1)
+    steps_per_epoch = len(token_batches(src_lengths, tgt_lengths, config.max_tokens, seed=config.seed)) // per_step
+    device = setup.get("device", "cpu")
+    peak = peak_flops(torch.device(device)) if device.startswith("cuda") and torch.cuda.is_available() else None
+    return {"epochs": round(state.get("step", 0) / steps_per_epoch, 2), "flops_per_token": round(per_token),
+            "peak_flops": peak,
+            "mfu": round(tokens_per_s * per_token / peak, 4) if peak and tokens_per_s else None}
 
 
 if __name__ == "__main__":
