@@ -276,9 +276,20 @@ def test_an_explicit_device_moves_the_model(translator):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_model_on_the_gpu_is_decoded_there(translator):
+    """The oracles: the CUDA kernels the profiler sees while it decodes, and the CPU's translations of the same
+    weights (float32, TF32 off: a random model's choices are far from ties next to float32's rounding)."""
     model = Transformer(translator.model.config).to("cuda")
     model.load_state_dict(translator.model.state_dict())
     on_gpu = Translator(model, translator.tokenizer)
-    assert on_gpu.device.type == "cuda" and next(on_gpu.model.parameters()).is_cuda
     sentences = SENTENCES + ["Hund"]
-    assert len(on_gpu.translate(sentences, beam_size=2)) == len(sentences)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            got = on_gpu.translate(sentences, beam_size=2)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())  # kernels ran on the GPU
+    assert on_gpu.device.type == "cuda" and next(on_gpu.model.parameters()).is_cuda  # and the model stayed there
+    assert got == translator.translate(sentences, beam_size=2)  # the CPU's translations of the same weights
