@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Under `torchrun --nproc_per_node=N` it trains data-parallel with N processes.")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model size and budget: tiny (a smoke test, minutes), cpu (60 minutes on a laptop), "
-                        "gpu (10 minutes on a GPU with bfloat16), colab (30 minutes on an older GPU such as a T4); "
+                        "gpu (30 epochs on a GPU with bfloat16, at most 10 minutes), colab (20 epochs on an older GPU such "
+                        "as a T4, at most 30 minutes); "
                         "default: the machine's (machine_preset)")
     p.add_argument("--out", metavar="DIR", default=None, help="folder for the run (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true",
