@@ -151,8 +151,7 @@ def _column(x: float, y: float, spec: list[tuple[str, int, str, str]]) -> list[P
 def architecture(chapter: int | None = None) -> Figure:
     """The encoder-decoder Transformer; with `chapter`, what that chapter builds is highlighted and the rest greyed.
 
-    Chapters 5 and 6 build what is inside the attention boxes; chapters 11-14 use the whole model, which they show
-    complete, with their tag on the output."""
+    Chapters 5 and 6 build what is inside the attention boxes; chapter 10 the generator and the whole model."""
     fig, ax = _new_axes(W, H)
     y_embed = 0.85
     embed_l = Part(XL, y_embed, BW, BH, "Token embedding × √D", 3, "TokenEmbedding", "embed")
@@ -182,20 +181,17 @@ def architecture(chapter: int | None = None) -> Figure:
 
     # What each chapter builds: its own boxes, and for 8 and 9 the stack they assemble around ch. 6-7 parts.
     focus = 6 if chapter == 5 else chapter  # chapter 5's attention function is what chapter 6's boxes compute
-    whole = chapter is not None and chapter >= 11  # chapters that train, decode and extend the finished model
-
     def built_in(c: int) -> bool:
-        return chapter is None or whole or c == focus
+        return chapter is None or c == focus
 
     def part_active(p: Part, frames: list[Frame]) -> bool:
         return built_in(p.chapter) or any(built_in(f.chapter) and f.chapter in (8, 9) for f in frames)
 
     def mark(p: Part, frames: list[Frame]) -> bool:
-        return chapter is not None and not whole and p.chapter == focus
+        return chapter is not None and p.chapter == focus
 
     for frame in (model, enc_stack, enc_layer, dec_stack, dec_layer):
-        _frame(ax, frame, built_in(frame.chapter), chapter is not None and (frame.chapter == focus
-                                                                              or (whole and frame is model)))
+        _frame(ax, frame, built_in(frame.chapter), chapter is not None and frame.chapter == focus)
     for p in (embed_l, embed_r, pos_l, pos_r, gen):
         _box(ax, p, part_active(p, []), mark(p, []))
     for p in enc:
@@ -205,7 +201,7 @@ def architecture(chapter: int | None = None) -> Figure:
 
     # Data flow, bottom to top. The wiring around the stacks is chapter 10's; inside them, chapters 8 and 9's.
     outer_on, enc_on, dec_on = built_in(10), built_in(8), built_in(9)
-    memory_on = chapter in (None, 8, 9, 10) or whole
+    memory_on = chapter in (None, 8, 9, 10)
     outer_ink = INK if outer_on else GREY_INK
     ax.text(XL, 0.3, "source ids (B, S)", ha="center", va="center", fontsize=TITLE_SIZE, color=outer_ink)
     ax.text(XR, 0.3, "target ids, shifted right (B, T)", ha="center", va="center", fontsize=TITLE_SIZE,
@@ -251,16 +247,13 @@ def architecture(chapter: int | None = None) -> Figure:
         output = (gen.x - BW / 2, gen.y + BH / 2)
         targets = {5: (enc[0].x - BW / 2 + 0.4, enc[0].y + BH), 6: (enc[0].x - BW / 2 + 0.4, enc[0].y + BH),
                    7: (enc[2].x - BW / 2 + 0.4, enc[-1].y + BH + 0.02), 8: (enc_stack.x0 + 1.2, enc_stack.y1),
-                   9: (dec_stack.x0, dec_stack.y1 - 0.9), 10: output, 11: output, 12: output, 13: output, 14: output, 15: output}
+                   9: (dec_stack.x0, dec_stack.y1 - 0.9), 10: output}
         texts = {5: "chapter 5: attention, the\nfunction in these boxes", 6: "chapter 6: multi-head\nattention",
                  7: "chapter 7: feed-forward,\nresiduals, add & norm", 8: "chapter 8: the encoder",
-                 9: "chapter 9: the decoder", 10: "chapter 10: the generator\nand the whole model",
-                 11: "chapter 11: training\nthe whole model", 12: "chapter 12: decoding,\none token at a time",
-                 13: "chapter 13: the trained\ntranslator", 14: "chapter 14: inside the\ntrained translator",
-                 15: "chapter 15: beyond\nthe paper"}
+                 9: "chapter 9: the decoder", 10: "chapter 10: the generator\nand the whole model"}
         ax.text(0.45, top, "You are here", ha="left", va="top", fontsize=TITLE_SIZE + 1, color=HIGHLIGHT,
                 fontweight="bold")
-        ax.text(0.45, top - 0.32, "(the model of chapters 3-10)" if whole else "(grey: built in other chapters)",
+        ax.text(0.45, top - 0.32, "(grey: built in other chapters)",
                 ha="left", va="top", fontsize=SUB_SIZE + 1, color=GREY_INK)
         _tag(ax, 0.55, top - 1.05, texts[chapter], targets[chapter], bend=0.15 if chapter >= 10 else -0.2)
     return fig
@@ -636,11 +629,6 @@ FIGURE_BUILDERS: dict[str, Callable[[], Figure]] = {
     "architecture_ch08": lambda: architecture(8),
     "architecture_ch09": lambda: architecture(9),
     "architecture_ch10": lambda: architecture(10),
-    "architecture_ch11": lambda: architecture(11),
-    "architecture_ch12": lambda: architecture(12),
-    "architecture_ch13": lambda: architecture(13),
-    "architecture_ch14": lambda: architecture(14),
-    "architecture_ch15": lambda: architecture(15),
     "post_pre_ln": post_pre_ln,
     "memory_flow": memory_flow,
     "kv_cache": kv_cache,
