@@ -251,7 +251,15 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="notebooks to sweep (default: all listed); 'tests' for the tests")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "margins.json")
+    parser.add_argument("--merge", nargs="+", type=Path, help="combine these outputs of earlier sweeps into --out")
     args = parser.parse_args()
+    if args.merge:
+        parts = [json.loads(path.read_text()) for path in args.merge]
+        merged = {"commands": [c for part in parts for c in part.get("commands", [part.get("command")]) if c],
+                  "machine": sorted({part["machine"] for part in parts}), "torch_version": parts[0]["torch_version"],
+                  "properties": [r for part in parts for r in part["properties"]]}
+        args.out.write_text(json.dumps(merged, indent=1) + "\n")
+        return
     props = [p for p in PROPERTIES if not args.only or p.notebook in args.only]
     rows = sweep(props, args.seeds, args.timeout)
     if not args.only or "tests" in args.only:
