@@ -241,6 +241,16 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
+def print_table(rows: list[dict]) -> None:
+    """The sweep as a markdown table: property, runs, seeds, worst and median value, assertion, runs it held in."""
+    print("\n| property | runs (seeds) | worst | median | asserted | held in |\n|---|---|---|---|---|---|")
+    for r in rows:
+        worst = "never computed" if r["worst"] is None else f"{r['worst']:.4g}"
+        median = "-" if r["median"] is None else f"{r['median']:.4g}"
+        print(f"| {r['notebook']}: {r['property']} | {r['runs']} ({r['seeds']}) | {worst} | {median} | "
+              f"`{r['assertion']}` | {r['holds']} of {r['runs']} |")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--run-one"]:
         notebook, k, bf16, expressions = sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4])), json.loads(sys.argv[5])
@@ -255,10 +265,21 @@ def main() -> None:
     args = parser.parse_args()
     if args.merge:
         parts = [json.loads(path.read_text()) for path in args.merge]
+        rows = [r for part in parts for r in part["properties"]]
+        # the thresholds of today's assertions, applied to the values seen (a sweep outlives a threshold's change)
+        current = {(p.notebook, p.name): p for p in PROPERTIES}
+        current.update({("tests", name): Property("tests", node, name, name, op, threshold)
+                        for node, name, op, threshold in TEST_PROPERTIES})
+        for r in rows:
+            prop = current[(r["notebook"], r["property"])]
+            r.update(assertion=f"{prop.value} {prop.op} {prop.threshold}", threshold=prop.threshold,
+                     holds=sum(s["value"] is not None and prop.holds(s["value"]) for s in r["seen"]))
         merged = {"commands": [c for part in parts for c in part.get("commands", [part.get("command")]) if c],
-                  "machine": sorted({part["machine"] for part in parts}), "torch_version": parts[0]["torch_version"],
-                  "properties": [r for part in parts for r in part["properties"]]}
+                  "machine": sorted({m for part in parts for m in (part["machine"] if isinstance(part["machine"], list)
+                                                                   else [part["machine"]])}),
+                  "torch_version": parts[0]["torch_version"], "properties": rows}
         args.out.write_text(json.dumps(merged, indent=1) + "\n")
+        print_table(rows)
         return
     props = [p for p in PROPERTIES if not args.only or p.notebook in args.only]
     rows = sweep(props, args.seeds, args.timeout)
@@ -277,12 +298,7 @@ def main() -> None:
                          f"kernels {torch.backends.cpu.get_cpu_capability()}",
               "torch_version": torch.__version__, "properties": kept + summary}
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print("\n| property | runs | worst | median | asserted | held in |\n|---|---|---|---|---|---|")
-    for r in summary:
-        worst = "never computed" if r["worst"] is None else f"{r['worst']:.4g}"
-        median = "-" if r["median"] is None else f"{r['median']:.4g}"
-        print(f"| {r['notebook']}: {r['property']} | {r['runs']} | {worst} | {median} | {r['assertion']} | "
-              f"{r['holds']} of {r['runs']} |")
+    print_table(summary)
 
 
 if __name__ == "__main__":
