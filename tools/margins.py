@@ -72,8 +72,7 @@ PROPERTIES = [
     Property("15_beyond_the_paper", "9b29101d", "copy: rotary steps / sinusoidal steps to loss 0.1",
              "rotary_steps / sinusoidal_steps", "<=", 0.75),
     Property("15_beyond_the_paper", "9b29101d", "copy: larger final loss of the two", "max(runs[True][1][-1], runs[False][1][-1])",
-             "<", 0.05),
-    Property("15_beyond_the_paper", "b5333a8a", "reversal: exact of 1000", "exact", ">=", 900),
+             "<", 0.2),
     Property("15_beyond_the_paper", "b5333a8a", "reversal steps minus copy steps to loss 0.1",
              "steps_to(reversal_losses) - steps_to(runs[True][1])", ">", 0),
     Property("15b_deep_and_long", "938cf748", "post-LN over pre-LN gradient, smallest ratio of layers 2-12",
@@ -247,8 +246,9 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         worst = "never computed" if r["worst"] is None else f"{r['worst']:.4g}"
         median = "-" if r["median"] is None else f"{r['median']:.4g}"
+        held = "-" if r["holds"] is None else f"{r['holds']} of {r['runs']}"
         print(f"| {r['notebook']}: {r['property']} | {r['runs']} ({r['seeds']}) | {worst} | {median} | "
-              f"`{r['assertion']}` | {r['holds']} of {r['runs']} |")
+              f"`{r['assertion']}` | {held} |")
 
 
 def main() -> None:
@@ -271,7 +271,10 @@ def main() -> None:
         current.update({("tests", name): Property("tests", node, name, name, op, threshold)
                         for node, name, op, threshold in TEST_PROPERTIES})
         for r in rows:
-            prop = current[(r["notebook"], r["property"])]
+            prop = current.get((r["notebook"], r["property"]))
+            if prop is None:  # a value the book no longer asserts on: kept as evidence of why
+                r.update(assertion="no longer asserted", threshold=None, holds=None)
+                continue
             r.update(assertion=f"{prop.value} {prop.op} {prop.threshold}", threshold=prop.threshold,
                      holds=sum(s["value"] is not None and prop.holds(s["value"]) for s in r["seen"]))
         merged = {"commands": [c for part in parts for c in part.get("commands", [part.get("command")]) if c],
