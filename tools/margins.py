@@ -61,7 +61,7 @@ PROPERTIES = [
     Property("12_decoding", "0e9780f9", "toy language: loss at the end", "final_loss", "<", 0.6),
     Property("12_decoding", "a4162328", "toy language: largest error of the learned next-token probabilities",
              "max(abs(first[A] - 0.6), abs(first[B_WORD] - 0.4), *(abs(after_a[SYMBOLS[i]] - 0.25) for i in range(4)))",
-             "<", 0.1),
+             "<", 0.15),
     Property("12_decoding", "a4162328", "toy language: p(c | B)", "after_b[WORDS.index('c')].item()", ">", 0.9),
     Property("12_decoding", "0ba8bf3b", "toy language: p(B c) / p(A a)", "sentence_p['B c'] / sentence_p['A a']", ">", 1.5),
     Property("12_decoding", "fe6b432d", "sampling at temperature 1: % of B c (at least 30)", "t1['B c']", ">=", 30),
