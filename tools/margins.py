@@ -7,7 +7,7 @@ A margin is only as good as the evidence behind it. This tool re-runs each such 
 seeds n + k for k = 0, 1, ...), which moves the result at least as much as another CPU's rounding does, under PyTorch's two CPU kernel paths, and, where the code
 picks the precision from the CPU (amp="auto"), with bfloat16 autocast forced on as on a CPU with native bfloat16.
 It prints, for each property, the worst and the median value seen against the threshold the book asserts, and
-writes them to results/margins.json. A threshold must sit beyond the worst value seen, with room to spare.
+writes them to tools/margins.json. A threshold must sit beyond the worst value seen, with room to spare.
 
 Each run executes the notebook's code cells in a fresh Python process, from the top to the cell that computes the
 property (a failing assert is recorded, not fatal), with the Colab set-up cell and IPython-only lines left out.
@@ -264,7 +264,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="notebooks to sweep (default: all listed); 'tests' for the tests")
     parser.add_argument("--properties", help="only the properties whose name contains this text")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per run")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "margins.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "tools" / "margins.json")
     parser.add_argument("--merge", nargs="+", type=Path, help="combine these outputs of earlier sweeps into --out")
     args = parser.parse_args()
     if args.merge:
