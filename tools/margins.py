@@ -269,7 +269,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.merge:
         parts = [json.loads(path.read_text()) for path in args.merge]
-        rows = [r for part in parts for r in part["properties"]]
+        by_name = {(r["notebook"], r["property"]): r for part in parts for r in part["properties"]}  # later wins
+        rows = list(by_name.values())
         # the thresholds of today's assertions, applied to the values seen (a sweep outlives a threshold's change)
         current = {(p.notebook, p.name): p for p in PROPERTIES}
         current.update({("tests", name): Property("tests", node, name, name, op, threshold)
