@@ -83,15 +83,15 @@ PROPERTIES = [
     Property("15b_deep_and_long", "938cf748", "pre-LN gradient, layer 12 / layer 1", "pre[11] / pre[0]", "<", 1),
     Property("15b_deep_and_long", "e82da585", "deep pre-LN: loss at step 100", "pre_ln[-1]", "<", 0.05),
     Property("15b_deep_and_long", "e82da585", "deep post-LN, no warm-up: largest |loss - ln 10| in its last 50 steps",
-             "max(abs(loss - math.log(10)) for loss in post_ln[50:])", "<", 0.35),
+             "max(abs(loss - math.log(10)) for loss in post_ln[50:])", "<", 0.6),
     Property("15b_deep_and_long", "e82da585", "deep post-LN with warm-up minus pre-LN, step 100", "warmed[-1] - pre_ln[-1]",
-             ">", 0),
+             ">", 0.05),
     Property("15b_deep_and_long", "e82da585", "deep post-LN with warm-up: ln 10 minus its loss at step 100",
-             "math.log(10) - warmed[-1]", ">", 0.3),
+             "math.log(10) - warmed[-1]", ">", 0.05),
     Property("eng_training_runs", "6f515f10", "tiny run: fall of the training loss", "train_losses[0] - train_losses[-1]",
-             ">", 1.5, picks_precision=True),
+             ">", 1.5),
     Property("eng_training_runs", "6f515f10", "tiny run: fall of the validation loss", "val_losses[0] - val_losses[-1]",
-             ">", 0, picks_precision=True),
+             ">", 0),
 ]
 
 # Tests whose assertion holds only within a margin: (test node id, the name it records with record_margin, op,
@@ -281,6 +281,9 @@ def main() -> None:
             if prop is None:  # a value the book no longer asserts on: kept as evidence of why
                 r.update(assertion="no longer asserted", threshold=None, holds=None)
                 continue
+            if not prop.picks_precision:  # forced bfloat16 changes nothing where the code fixes the precision
+                r["seen"] = [x for x in r["seen"] if not x["bf16"]]
+                r["runs"] = len(r["seen"])
             r.update(assertion=f"{prop.value} {prop.op} {prop.threshold}", threshold=prop.threshold,
                      holds=sum(s["value"] is not None and prop.holds(s["value"]) for s in r["seen"]))
         commands = [c for part in parts for c in part.get("commands", [part.get("command")]) if c]
