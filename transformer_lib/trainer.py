@@ -254,13 +254,10 @@ def _save_due(self: Trainer) -> bool:
 def _point_due(self: Trainer, n_batches: int) -> bool:
     """Whether the step just taken crossed a multiple of eval_epochs of data, or eval_every steps or eval_minutes
     have passed since the last validation point."""
-    c = self.config
-    if c.eval_epochs is not None:  # counted in micro-batches, so a point falls on the same step on every machine
-        every = c.eval_epochs * n_batches
-        done = self.epoch * n_batches + self.position
-        if math.floor(done / every + 1e-9) > math.floor((done - self.per_step) / every + 1e-9):
-            return True
-    return (c.eval_every is not None and self.step % c.eval_every == 0) or (
+    c, done = self.config, self.epoch * n_batches + self.position  # micro-batches: the same step on any machine
+    every = c.eval_epochs * n_batches if c.eval_epochs is not None else math.inf
+    crossed = math.floor(done / every + 1e-9) > math.floor((done - self.per_step) / every + 1e-9)
+    return crossed or (c.eval_every is not None and self.step % c.eval_every == 0) or (
         c.eval_minutes is not None and self.minutes() - self.last_point >= c.eval_minutes)
 
 
