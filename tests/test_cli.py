@@ -90,9 +90,6 @@ def test_unusable_checkpoints_exit_2_with_a_message(workdir, capsys, monkeypatch
     (workdir / "cut.pt").write_bytes((workdir / "model.pt").read_bytes()[:3000])
     done = run(["translate", "-c", "cut.pt", "Hallo"], workdir)
     assert done.returncode == EXIT_USAGE and "cut.pt is truncated or corrupt" in done.stderr.decode()
-    monkeypatch.delenv("TRANSFORMER_LIB_CHECKPOINT", raising=False)
-    assert main(["translate", "Hallo"]) == EXIT_USAGE
-    assert "no checkpoint given" in capsys.readouterr().err
 
 
 def test_evaluate_on_files(workdir, capsys, monkeypatch):

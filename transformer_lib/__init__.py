@@ -8,8 +8,8 @@ __all__ = ['DataError', 'load_multi30k', 'multi30k_dir', 'BPETokenizer', 'multi3
            'MultiHeadAttention', 'causal_mask', 'padding_mask', 'scaled_dot_product_attention', 'Decoder',
            'DecoderLayer', 'Encoder', 'EncoderLayer', 'PositionwiseFeedForward', 'Transformer', 'TransformerConfig',
            'PRESETS', 'CheckpointError', 'LabelSmoothingLoss', 'NoamSchedule', 'TrainConfig', 'load_model', 'train',
-           'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint', 'machine_preset',
-           'DecoderOnlyConfig', 'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
+           'beam_search', 'greedy_decode', 'sample', 'Translator', 'evaluate_checkpoint', 'load_pretrained',
+           'machine_preset', 'DecoderOnlyConfig', 'DecoderOnlyLM', 'RotaryEmbedding', 'RotaryMultiHeadAttention']
 
 # %% ../book/api.ipynb #54a8c7ab
 __version__ = "0.3.0.dev0"
@@ -27,6 +27,7 @@ from .config import PRESETS, TrainConfig
 from .checkpoints import CheckpointError, load_model
 from .decoding import beam_search, greedy_decode, sample
 from .translate import Translator, evaluate_checkpoint
+from .pretrained import load_pretrained
 from .beyond import DecoderOnlyConfig, DecoderOnlyLM, RotaryEmbedding, RotaryMultiHeadAttention
 
 _all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k_tokenizer", "TokenEmbedding",
@@ -34,7 +35,7 @@ _all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k
          "MultiHeadAttention", "causal_mask", "padding_mask", "scaled_dot_product_attention", "Decoder", "DecoderLayer",
          "Encoder", "EncoderLayer", "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS",
          "CheckpointError", "LabelSmoothingLoss", "NoamSchedule", "TrainConfig", "load_model", "train", "beam_search",
-         "greedy_decode", "sample", "Translator", "evaluate_checkpoint", "machine_preset",
+         "greedy_decode", "sample", "Translator", "evaluate_checkpoint", "load_pretrained", "machine_preset",
          "DecoderOnlyConfig", "DecoderOnlyLM", "RotaryEmbedding", "RotaryMultiHeadAttention"]
 
 

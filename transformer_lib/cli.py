@@ -23,6 +23,7 @@ from .config import CORPUS_FIELDS, PRESETS, TrainConfig, parse_overrides
 from .data import SPLITS, DataError, load_multi30k, read_lines
 from .runtime import UnsupportedSetting, check_device, keep_freed_memory, machine_preset, resolve_device
 from .translate import Translator, evaluate_bleu
+from .pretrained import load_pretrained
 
 # %% ../book/appendix_b_command_line.ipynb #d9baaa3c
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -104,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run_train)
 
-    checkpoint_help = ("a run folder (its model.pt, else last.pt) or a checkpoint file "
-                       "(default: $TRANSFORMER_LIB_CHECKPOINT)")
+    checkpoint_help = ("a run folder (its model.pt, else last.pt) or a checkpoint file (default: "
+                       "$TRANSFORMER_LIB_CHECKPOINT, else the book's model that ships with the package)")
     p = commands.add_parser(
         "evaluate", help="BLEU of a trained model on a Multi30k split or on files",
         description="Translate a test set and score it with sacreBLEU: cased and detokenized (the main "
@@ -173,10 +174,9 @@ def writable_output(path: str | None) -> None:
 
 
 def load_translator(args: argparse.Namespace) -> Translator:
-    """The Translator of --checkpoint on --device, after checking both."""
+    """The Translator of --checkpoint (the book's shipped model without one) on --device, after checking both."""
     if not args.checkpoint:
-        raise CommandError("no checkpoint given: pass --checkpoint PATH (a run folder such as runs/cpu, or a "
-                           "model.pt), or set TRANSFORMER_LIB_CHECKPOINT", EXIT_USAGE)
+        return load_pretrained(device_option(args.device))
     if not Path(args.checkpoint).exists():
         raise CommandError(f"no checkpoint at {args.checkpoint}: train one with `transformer-lib train`, or "
                            "check the path", EXIT_USAGE)

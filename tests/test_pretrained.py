@@ -1,0 +1,108 @@
+"""The book's model ships inside the package (book/eng_book_model.ipynb): its files are the ones its card names, it
+loads from a plain install, it translates as well as its card recorded, and damage is refused with a clear error."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_lib import Translator
+from transformer_lib.checkpoints import CheckpointError
+from transformer_lib.data import load_multi30k, sha256_file
+from transformer_lib.pretrained import CARD, CARD_MARKDOWN, TOKENIZER, WEIGHTS, load_pretrained, model_card, shipped_dir
+from transformer_lib.translate import bleu
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "transformer_lib" / "pretrained"
+CARD_DATA = json.loads((FOLDER / CARD).read_text(encoding="utf-8"))
+# The check's margin, in BLEU points: greedy decoding of the same weights under another CPU's rounding changes a few
+# words of a few of the sentences. Both kernel paths of the test suite gave the card's figure exactly.
+MARGIN = 1.0
+
+
+@pytest.fixture(scope="module")
+def translator() -> Translator:
+    return Translator.pretrained("cpu")
+
+
+def test_the_package_loads_its_own_folder():
+    assert shipped_dir().resolve() == FOLDER.resolve()
+
+
+def test_the_shipped_files_are_the_ones_the_card_names_and_fit_the_repository():
+    names = sorted(p.name for p in FOLDER.iterdir() if not p.name.startswith("."))
+    assert names == sorted([CARD, CARD_MARKDOWN, TOKENIZER, WEIGHTS])
+    for name, f in CARD_DATA["files"].items():
+        assert (FOLDER / name).stat().st_size == f["bytes"]
+        assert sha256_file(FOLDER / name) == f["sha256"]
+    assert sum(p.stat().st_size for p in FOLDER.iterdir()) <= 16_000_000
+
+
+def test_the_weights_are_float16_with_the_tied_table_stored_once():
+    saved = torch.load(FOLDER / WEIGHTS, map_location="cpu", weights_only=True)
+    tensors = saved["model"]
+    assert {t.dtype for t in tensors.values() if t.is_floating_point()} == {torch.float16}
+    unique = {t.untyped_storage().data_ptr(): t.numel() for t in tensors.values()}
+    assert sum(unique.values()) == CARD_DATA["parameters"]  # every parameter once: the shared table is not copied
+    assert (FOLDER / WEIGHTS).stat().st_size < 2 * CARD_DATA["parameters"] + 200_000
+
+
+def test_the_markdown_card_is_the_card(translator):
+    assert (FOLDER / CARD_MARKDOWN).read_text(encoding="utf-8") == model_card(CARD_DATA)
+    assert translator.info["card"] == CARD_DATA
+
+
+def test_the_model_computes_in_float32_with_the_float16_values(translator):
+    saved = torch.load(FOLDER / WEIGHTS, map_location="cpu", weights_only=True)["model"]
+    state = translator.model.state_dict()
+    assert all(state[name].dtype == torch.float32 for name in saved if saved[name].is_floating_point())
+    assert all(torch.equal(state[name], saved[name].float()) for name in saved)
+
+
+def test_the_shipped_model_translates_as_well_as_its_card_recorded(translator):
+    check = CARD_DATA["check"]
+    pairs = load_multi30k(check["split"])[: check["sentences"]]
+    hypotheses = translator.translate([de for de, _ in pairs], beam_size=check["beam_size"])
+    score = bleu(hypotheses, [en for _, en in pairs])["cased"]
+    assert score >= check["cased"] - MARGIN, (score, check)
+
+
+def test_a_damaged_missing_or_absent_file_is_refused_with_what_to_do(tmp_path):
+    folder = tmp_path / "pretrained"
+    shutil.copytree(FOLDER, folder)
+    data = bytearray((folder / WEIGHTS).read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (folder / WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="is damaged.*reinstall"):
+        load_pretrained("cpu", folder)
+    shutil.copy(FOLDER / WEIGHTS, folder / WEIGHTS)
+    (folder / TOKENIZER).unlink()
+    with pytest.raises(CheckpointError, match="tokenizer.json is missing"):
+        load_pretrained("cpu", folder)
+    with pytest.raises(CheckpointError, match="no model card"):
+        load_pretrained("cpu", tmp_path / "nothing")
+
+
+def test_the_command_line_translates_with_no_checkpoint_and_no_training(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMER_LIB_CHECKPOINT"}
+    done = subprocess.run([sys.executable, "-m", "transformer_lib", "translate"], cwd=tmp_path, env=env,
+                          input="Ein Hund läuft über eine Wiese.\n".encode(), capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "dog" in done.stdout.decode().lower()
+    assert not list(tmp_path.iterdir())  # nothing trained, nothing written
+
+
+def test_a_built_wheel_carries_the_model(tmp_path):
+    """What `pip install git+<repository>` installs: the wheel that setuptools builds from pyproject.toml."""
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path), str(ROOT)], capture_output=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    wheel = next(tmp_path.glob("transformer_lib-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in (CARD, CARD_MARKDOWN, TOKENIZER, WEIGHTS):
+        assert f"transformer_lib/pretrained/{name}" in names
