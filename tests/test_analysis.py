@@ -13,7 +13,6 @@ from transformer_lib.analysis import (
     attention_modules,
     cross_attention,
     nearest_tokens,
-    paired_bootstrap,
     split_words,
     unsupported_words,
     without_head,
@@ -171,17 +170,3 @@ def test_unsupported_words_are_in_neither_source_nor_reference():
     assert unsupported_words("Anna und Bob", "Anna und Bob", "") == []  # copied from the source: supported
     assert unsupported_words("A DOG", "", "a dog") == []  # case does not matter
     assert unsupported_words("", "x", "y") == []
-
-
-def test_paired_bootstrap_scores_as_sacrebleu_and_tells_a_real_difference_from_none():
-    references = [f"a dog number {i} runs across the green meadow ." for i in range(60)]
-    good = list(references)  # the references themselves: BLEU 100
-    poor = [f"the cat number {i} sits ." for i in range(60)]
-    from sacrebleu import corpus_bleu  # the oracle for the scores: sacreBLEU's own corpus BLEU
-
-    result = paired_bootstrap(references, poor, {"good": good, "same": list(poor)}, samples=200)
-    assert result["good"]["bleu"] == pytest.approx(corpus_bleu(good, [references]).score)
-    assert result["good"]["difference"] == pytest.approx(100.0 - corpus_bleu(poor, [references]).score)
-    assert result["good"]["p_value"] < 0.01  # better on every resample
-    assert result["same"]["difference"] == 0.0 and result["same"]["p_value"] == 1.0  # no difference at all
-    assert result == paired_bootstrap(references, poor, {"good": good, "same": list(poor)}, samples=200)  # seeded

@@ -17,6 +17,7 @@ from transformer_lib.translate import (
     evaluate_checkpoint,
     learning_curve,
     map_on_cores,
+    paired_bootstrap,
     overrides_of,
     preset_of,
 )
@@ -293,3 +294,17 @@ def test_a_model_on_the_gpu_is_decoded_there(translator):
     assert any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())  # kernels ran on the GPU
     assert on_gpu.device.type == "cuda" and next(on_gpu.model.parameters()).is_cuda  # and the model stayed there
     assert got == translator.translate(sentences, beam_size=2)  # the CPU's translations of the same weights
+
+
+def test_paired_bootstrap_scores_as_sacrebleu_and_tells_a_real_difference_from_none():
+    references = [f"a dog number {i} runs across the green meadow ." for i in range(60)]
+    good = list(references)  # the references themselves: BLEU 100
+    poor = [f"the cat number {i} sits ." for i in range(60)]
+    from sacrebleu import corpus_bleu  # the oracle for the scores: sacreBLEU's own corpus BLEU
+
+    result = paired_bootstrap(references, poor, {"good": good, "same": list(poor)}, samples=200)
+    assert result["good"]["bleu"] == pytest.approx(corpus_bleu(good, [references]).score)
+    assert result["good"]["difference"] == pytest.approx(100.0 - corpus_bleu(poor, [references]).score)
+    assert result["good"]["p_value"] < 0.01  # better on every resample
+    assert result["same"]["difference"] == 0.0 and result["same"]["p_value"] == 1.0  # no difference at all
+    assert result == paired_bootstrap(references, poor, {"good": good, "same": list(poor)}, samples=200)  # seeded

@@ -11,8 +11,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'transformer_lib/analysis.py'),
                                           'transformer_lib.analysis.nearest_tokens': ( 'inside_the_translator.html#nearest_tokens',
                                                                                        'transformer_lib/analysis.py'),
-                                          'transformer_lib.analysis.paired_bootstrap': ( 'inside_the_translator.html#paired_bootstrap',
-                                                                                         'transformer_lib/analysis.py'),
                                           'transformer_lib.analysis.plot_alignment': ( 'inside_the_translator.html#plot_alignment',
                                                                                        'transformer_lib/analysis.py'),
                                           'transformer_lib.analysis.plot_heads': ( 'inside_the_translator.html#plot_heads',
@@ -574,5 +572,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                        'transformer_lib/translate.py'),
                                            'transformer_lib.translate.overrides_of': ( 'translator.html#overrides_of',
                                                                                        'transformer_lib/translate.py'),
+                                           'transformer_lib.translate.paired_bootstrap': ( 'translator.html#paired_bootstrap',
+                                                                                           'transformer_lib/translate.py'),
                                            'transformer_lib.translate.preset_of': ( 'translator.html#preset_of',
                                                                                     'transformer_lib/translate.py')}}}

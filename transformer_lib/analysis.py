@@ -2,8 +2,7 @@
 
 # %% auto #0
 __all__ = ['attention_maps', 'cross_attention', 'alignment', 'word_start_labels', 'plot_alignment', 'plot_heads',
-           'attention_modules', 'without_head', 'paired_bootstrap', 'nearest_tokens', 'split_words',
-           'unsupported_words']
+           'attention_modules', 'without_head', 'nearest_tokens', 'split_words', 'unsupported_words']
 
 # %% ../book/14_inside_the_translator.ipynb #edb9cff7
 import re
@@ -18,7 +17,7 @@ from .attention import MultiHeadAttention
 from .decoding import beam_search, evaluating, greedy_decode, output_budget
 from .model import Transformer
 from .tokenizer import BPETokenizer
-from .translate import Translator
+from .translate import Translator, paired_bootstrap
 
 # %% ../book/14_inside_the_translator.ipynb #bb4ca4c7
 def attention_maps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -141,28 +140,6 @@ def without_head(attention: MultiHeadAttention, head: int) -> Iterator[None]:
         yield
     finally:
         handle.remove()
-
-
-def paired_bootstrap(references: Sequence[str], baseline: Sequence[str], systems: dict[str, Sequence[str]],
-                     samples: int = 1000) -> dict[str, dict[str, float]]:
-    """Each system's BLEU against the baseline's on the same sentences, by sacreBLEU's paired bootstrap resampling.
-
-    Per system: "bleu", "difference" (system - baseline), "p_value" (how often resampled sentences give a difference
-    at least as large when there is none; 1 for no difference at all) and "ci" (the half-width of the system's 95% interval). sacreBLEU fixes
-    the resampling's seed (SACREBLEU_SEED, 12345), so the result is the same on every run.
-    """
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    names = list(systems)
-    test = PairedTest([("baseline", list(baseline)), *[(name, list(systems[name])) for name in names]],
-                      {"BLEU": BLEU()}, [list(references)], test_type="bs", n_samples=samples)
-    base, *others = test()[1]["BLEU"]
-    # sacreBLEU counts a difference of exactly zero as significant (its p-value is then the smallest possible);
-    # here a system that translates every sentence as the baseline does differs by nothing: p = 1
-    return {name: {"bleu": r.score, "difference": r.score - base.score,
-                   "p_value": 1.0 if r.score == base.score else r.p_value, "ci": float(r.ci)}
-            for name, r in zip(names, others)}
 
 # %% ../book/14_inside_the_translator.ipynb #03589157
 def nearest_tokens(model: Transformer, tokenizer: BPETokenizer, word: str, k: int = 5) -> list[tuple[str, float]]:
