@@ -8,6 +8,9 @@ Usage:
 A run that only informs a choice (an ablation) is scored on val alone, so test2016 is measured once per final run:
   python tools/record_run.py RUN_DIR results/ablations/NAME.json --splits val --command "..." [--curve]
 
+With --hypotheses the translations (beam search) of each split go beside the record, one sentence a line, as
+NAME.SPLIT.txt, so that a later run can be compared with this one by paired bootstrap resampling (transformer_lib.translate.paired_bootstrap).
+
 A run stopped before its end has no model.pt: --model last.pt scores its last checkpoint instead.
 
 A dry run scores the first N pairs of each split only (--limit N); its BLEU is no result.
@@ -54,6 +57,7 @@ def main() -> None:
     parser.add_argument("--val-only", action="store_true", help="print val BLEU for each --beam x --alpha")
     parser.add_argument("--splits", nargs="+", default=["val", "test2016"], help="the splits to score")
     parser.add_argument("--notes", default=None)
+    parser.add_argument("--hypotheses", action="store_true", help="write each split's translations beside OUT")
     parser.add_argument("--model", default="model.pt", help="the checkpoint to score (last.pt: a stopped run)")
     parser.add_argument("--limit", type=int, default=None, help="score the first N pairs of each split (a dry run)")
     args = parser.parse_args()
@@ -72,7 +76,10 @@ def main() -> None:
         parser.error("give OUT and one --beam and --alpha (or --val-only)")
     beam, alpha = args.beam[0], args.alpha[0]
     record = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=beam, alpha=alpha,
-                                 command=args.command)
+                                 command=args.command, keep_hypotheses=True)
+    for split, lines in record.pop("hypotheses").items():  # beside the record, for paired_bootstrap later
+        if args.hypotheses:
+            args.out.with_name(f"{args.out.stem}.{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     greedy = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=1)
     record["bleu_greedy"] = greedy["bleu"]
     translator = Translator.from_checkpoint(args.run_dir / args.model)

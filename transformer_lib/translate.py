@@ -228,8 +228,11 @@ def device_description(device: str) -> str:
 
 def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2016"), beam_size: int = 4,
                         batch_size: int = 128, device: str = "auto", data_dir: str | Path | None = None,
-                        command: str | None = None, progress: bool = False, alpha: float = 1.0) -> dict[str, Any]:
-    """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of results/*.json."""
+                        command: str | None = None, progress: bool = False, alpha: float = 1.0,
+                        keep_hypotheses: bool = False) -> dict[str, Any]:
+    """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of results/*.json.
+
+    keep_hypotheses adds "hypotheses": {split: the translations}, to compare runs later (paired_bootstrap)."""
     translator = Translator.from_checkpoint(path, device)
     train_config = translator.info.get("train_config", {})
     history = translator.info.get("history", [])
@@ -241,7 +244,7 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
         pairs = load_multi30k(split, data_dir)
         scores[split] = evaluate_bleu(translator, directed(pairs, train_config.get("direction", "de-en")),
                                       beam_size, batch_size, progress, alpha)
-    return {
+    record = {
         "preset": preset,  # the preset the run was started from
         "overrides": overrides,  # the fields where the run's recipe differs from it
         "run": preset_of(train_config),
@@ -258,6 +261,9 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
         "signature": next(iter(scores.values()))["signature"] if scores else None,
         "date": date.today().isoformat(),
     }
+    if keep_hypotheses:
+        record["hypotheses"] = {split: s["hypotheses"] for split, s in scores.items()}
+    return record
 
 # %% ../book/13_translator.ipynb #5c0e7a1d
 def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, alpha: float = 1.0,
