@@ -106,3 +106,11 @@ def test_a_built_wheel_carries_the_model(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in (CARD, CARD_MARKDOWN, TOKENIZER, WEIGHTS):
         assert f"transformer_lib/pretrained/{name}" in names
+
+
+def test_the_card_carries_the_record_of_its_run():
+    """The run behind the shipped model is recorded in results/shipped/ (tools/record_run.py), and the card copies it."""
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((ROOT / "results" / "shipped").glob("*.json"))]
+    record = next(r for r in records if r["command"] == CARD_DATA["trained"]["command"])
+    assert all(CARD_DATA["trained"][k] == record[k] for k in CARD_DATA["trained"])
+    assert CARD_DATA["parameters"] == record["parameters"] and CARD_DATA["decoding"] == record["decoding"]
