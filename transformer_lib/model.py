@@ -110,7 +110,7 @@ class Generator(nn.Linear):
 @torch.no_grad()
 def init_attention_packed(attention: MultiHeadAttention) -> None:
     """Initialise as nn.MultiheadAttention does: one Xavier draw over the packed (3D, D) query/key/value matrix
-    (a bound sqrt(3/2) times smaller than over each (D, D) alone), and zero biases in all four projections."""
+    (a bound sqrt(2) times smaller than over each (D, D) alone), and zero biases in all four projections."""
     D = attention.q_proj.in_features
     packed = nn.init.xavier_uniform_(torch.empty(3 * D, D))  # (3D, D)
     for proj, rows in zip((attention.q_proj, attention.k_proj, attention.v_proj), packed.chunk(3)):

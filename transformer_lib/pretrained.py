@@ -117,7 +117,7 @@ def model_card(card: dict[str, Any]) -> str:
         f"| command | `{run['command']}` |",
         f"| machine | {run['device']}, PyTorch {run['torch_version']}, {run['precision']}, {run['date']} |",
         f"| budget | {run['steps']:,} steps, {run['epochs']} epochs, {run['tokens']:,} tokens, "
-        f"{run['train_minutes']} minutes at {run['tokens_per_s']:,} tokens/s |", "",
+        f"{run['train_minutes']} minutes, a median of {run['tokens_per_s']:,} tokens/s |", "",
         "## Scores", "",
         "sacreBLEU on Multi30k (cased, detokenized). The float16 copy is the one that ships; it is scored again "
         "after the conversion.", "",
@@ -129,8 +129,9 @@ def model_card(card: dict[str, Any]) -> str:
         "non-commercial research and education and ask every user to cite that paper; a model learned from it "
         "is offered on the same terms, for learning and research.", "",
         "## What it is good for", "",
-        "Short German descriptions of everyday scenes, like the image captions it learned from. Longer sentences, "
-        "other domains, names and rare words fail more often (chapter 14 of the book shows how). It is a "
+        "Short German descriptions of everyday scenes, like the image captions it learned from. Rare words, which "
+        "the tokenizer cuts into many pieces, fail more often (chapter 14 of the book shows how); longer sentences, "
+        "other domains and names were not measured. It is a "
         "teaching model of a few million parameters, not a general translator.", "",
         "## Use", "",
         "```python", "from transformer_lib import Translator", "",
