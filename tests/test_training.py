@@ -570,8 +570,7 @@ def test_train_and_the_command_line_keep_freed_memory(tmp_path, small_tokenizer)
         mallopt = ctypes.CDLL(None).mallopt
         assert mallopt(-3, 128 << 10) and mallopt(-1, 128 << 10)  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD: the defaults
         counts.append(faults_per_block())
-        os.environ.pop("TRANSFORMER_LIB_CHECKPOINT", None)
-        assert cli.main(["translate", "Hallo"]) == cli.EXIT_USAGE  # no checkpoint: it fails, after the setting
+        assert cli.main(["translate", "-c", "missing/model.pt", "Hallo"]) == cli.EXIT_USAGE  # fails after the setting
         counts.append(faults_per_block())
         print(*counts)
     """)
