@@ -76,10 +76,9 @@ def main() -> None:
         parser.error("give OUT and one --beam and --alpha (or --val-only)")
     beam, alpha = args.beam[0], args.alpha[0]
     record = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=beam, alpha=alpha,
-                                 command=args.command, keep_hypotheses=True)
-    for split, lines in record.pop("hypotheses").items():  # beside the record, for paired_bootstrap later
-        if args.hypotheses:
-            args.out.with_name(f"{args.out.stem}.{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+                                 command=args.command, keep_hypotheses=args.hypotheses)
+    for split, lines in record.pop("hypotheses", {}).items():  # beside the record, for paired_bootstrap later
+        args.out.with_name(f"{args.out.stem}.{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     greedy = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=1)
     record["bleu_greedy"] = greedy["bleu"]
     translator = Translator.from_checkpoint(args.run_dir / args.model)
