@@ -11,10 +11,13 @@ which the machine's load cannot change):
   python benchmarks/decoder_only_same_recipe.py train --model decoder-only --out runs/do --steps 1000 --threads 1
 then each one scored, timed and recorded (the translations go beside the record, for paired bootstrap):
   python benchmarks/decoder_only_same_recipe.py record runs/do results/decoder_only/decoder_only.json --command "..."
-Add --quick to train for a smoke run (6 steps on 2,000 pairs), and --limit N to record for a dry run.
+Add --quick to train for a smoke run (6 steps on 2,000 pairs), and --limit N to record for a dry run. Alone,
+`--quick` (as `make bench` runs it) trains both for 6 steps in a temporary folder and prints the ratio of their
+training speeds (decoder-only over encoder-decoder, tokens/s), a smoke run whose figure is no result.
 """
 import argparse
 import json
+import tempfile
 import platform
 import statistics
 import sys
@@ -151,12 +154,29 @@ def cmd_record(args: argparse.Namespace) -> None:
         shares = torch.stack([attention_rows(model, tokenizer, pair).sum(dim=-1).mean(dim=(1, 2))
                               for pair in test[:SHARE_SENTENCES]])  # (N, L)
         record["german_share_by_layer"] = [round(s, 3) for s in shares.mean(dim=0).tolist()]
+        record["german_share_sentences"] = len(shares)
     if args.limit:
         record["limit"] = f"the first {args.limit} pairs of each split (a dry run: no result)"
     args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
+def quick() -> None:
+    """Both models trained for 6 steps of the tiny preset in a temporary folder: the ratio of their speeds."""
+    speeds = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in MODELS:
+            out = Path(tmp) / model
+            cmd_train(argparse.Namespace(model=model, out=out, preset="tiny", steps=6, threads=None, quick=True))
+            history = load_checkpoint(out / "model.pt")["history"]
+            speeds[model] = statistics.median(r["tokens_per_s"] for r in history if r.get("kind") == "train")
+    print(f"ratio={speeds['decoder-only'] / speeds['encoder-decoder']:.2f} (decoder-only over encoder-decoder "
+          "training tokens/s, a smoke run)")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--quick"]:
+        quick()
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
