@@ -27,7 +27,7 @@ NOT_PROSE = [
     re.compile(r"!\[[^\]]*\]\([^)]*\)"),  # images: their alt text describes a picture, it points nowhere
 ]
 LINK = re.compile(r"\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]*)[^)]*\)")
-NUMBER = r"\d+b?\b"
+NUMBER = r"\d+[bc]?\b"
 MENTION = re.compile(rf"\bchapter\s+({NUMBER})|\bchapters\s+({NUMBER}(?:\s*(?:,|and|or|to|–)\s*{NUMBER})*)", re.I)
 
 

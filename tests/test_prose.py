@@ -42,11 +42,11 @@ ALLOWED_PHRASES = [
 ]
 # Names, not measurements: "chapter 14", "chapters 5 and 6", "Sec. 5.4", "Eq. 3", "Table 2", "[12b Fast decoding]".
 REFERENCE = re.compile(r"(?i)(?:\b(?:chapters?|sections?|secs?\.|eqs?\.|equations?|tables?|figures?|figs?\.|appendix)|§)"
-                       r"\s*\d+(?:\.\d+)*b?(?:\s*(?:,|and|or|to|–)\s*\d+(?:\.\d+)*b?)*|(?<=\[)\d+b?(?= [A-Z])")
+                       r"\s*\d+(?:\.\d+)*[bc]?(?:\s*(?:,|and|or|to|–)\s*\d+(?:\.\d+)*[bc]?)*|(?<=\[)\d+[bc]?(?= [A-Z])")
 YEAR = re.compile(r"^(?:199\d|20[0-2]\d)$")
 NUMBER = re.compile(r"(?<![\w.,/#:-])[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w,]*\d)|(?<![\w.,/#:-])[-−]?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.]?\d)")
 STRIP = [
-    re.compile(r"\[\d+b?(?=\]\()"),  # a link whose text is a chapter's number: "chapters [3](...) to [13](...)"
+    re.compile(r"\[\d+[bc]?(?=\]\()"),  # a link whose text is a chapter's number: "chapters [3](...) to [13](...)"
     re.compile(r"\$\$.*?\$\$", re.S),  # display maths
     re.compile(r"\$[^$\n]+\$"),  # inline maths
     re.compile(r"```.*?```", re.S),  # fenced code and directives
