@@ -41,7 +41,7 @@ from transformer_lib.decoder_only import DecoderOnlyTranslator, prefix_attention
 from transformer_lib.loop import train  # noqa: E402
 from transformer_lib.model import Transformer, TransformerConfig  # noqa: E402
 from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
-from transformer_lib.translate import Translator, bleu, device_description  # noqa: E402
+from transformer_lib.translate import Translator, bleu, device_description, overrides_of  # noqa: E402
 
 MODELS = {"encoder-decoder": Transformer, "decoder-only": DecoderOnlyTranslator}
 FIGURE_SENTENCES = (0, 1, 2, 3)  # test2016 pairs whose attention the record keeps (mean over heads, each layer)
@@ -107,7 +107,9 @@ def cmd_record(args: argparse.Namespace) -> None:
     model, tokenizer, ckpt = load_run(args.run_dir)
     history, config = ckpt.get("history", []), ckpt.get("train_config", {})
     kind = ckpt.get("model_kind", "encoder-decoder")
-    record: dict = {"model": kind, "command": args.command, "layers": getattr(model, "n_layers", None)}
+    preset, overrides = overrides_of(config)
+    record: dict = {"model": kind, "preset": preset, "overrides": overrides, "command": args.command,
+                    "layers": getattr(model, "n_layers", None)}
     splits = {s: directed(load_multi30k(s), config.get("direction", "de-en")) for s in ("val", "test2016")}
     if args.limit:
         splits = {s: pairs[: args.limit] for s, pairs in splits.items()}
