@@ -85,8 +85,20 @@ def attention_rows(model: torch.nn.Module, tokenizer: BPETokenizer, pair: tuple[
     return cross_attention(model, src, tgt)  # (L, H, T, S): a softmax over the German alone
 
 
+def checkpoint_kind(history: list[dict]) -> str:
+    """Which weights model.pt holds: the average of the last snapshots, or the last weights when the average
+    validated worse (the trainer keeps whichever is better)."""
+    averaged = next((r for r in history if r.get("kind") == "averaged"), None)
+    if averaged is None or not averaged["kept"]:
+        return "model.pt (the last weights" + ("; the average of the last snapshots validated worse)"
+                                               if averaged else ")")
+    return f"model.pt (the average of the last {averaged['checkpoints']} snapshots)"
+
+
 def cmd_train(args: argparse.Namespace) -> None:
-    overrides = {"attention_init": "packed", "max_minutes": None, "max_steps": args.steps, "threads": args.threads}
+    budget = {"max_minutes": args.minutes, "max_steps": None} if args.minutes else {"max_minutes": None,
+                                                                                    "max_steps": args.steps}
+    overrides = {"attention_init": "packed", **budget, "threads": args.threads}
     if args.quick:
         overrides.update(max_steps=6, train_subset=2000, log_every=2)
     config = TrainConfig.from_preset(args.preset, **overrides)
@@ -144,6 +156,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         "parameters": sum(p.numel() for p in model.parameters()),
         "decoding": {"beam_size": 4, "alpha": 1.0, "batch_size": 128, "workers": 1, "threads": args.threads},
         "date": date.today().isoformat(),
+        "checkpoint": checkpoint_kind(history),
         "val_loss_curve": [[r["step"], round(r["val_loss"], 4)] for r in history if r.get("kind") == "val"],
         "train_loss_curve": [[r["step"], round(r["loss"], 4)] for r in history
                              if r.get("kind") == "train" and "loss" in r],
@@ -168,7 +181,8 @@ def quick() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for model in MODELS:
             out = Path(tmp) / model
-            cmd_train(argparse.Namespace(model=model, out=out, preset="tiny", steps=6, threads=None, quick=True))
+            cmd_train(argparse.Namespace(model=model, out=out, preset="tiny", steps=6, minutes=None, threads=None,
+                                         quick=True))
             history = load_checkpoint(out / "model.pt")["history"]
             speeds[model] = statistics.median(r["tokens_per_s"] for r in history if r.get("kind") == "train")
     print(f"ratio={speeds['decoder-only'] / speeds['encoder-decoder']:.2f} (decoder-only over encoder-decoder "
@@ -186,6 +200,7 @@ def main() -> None:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--preset", default="cpu")
     t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--minutes", type=float, default=None, help="a budget in minutes instead of steps")
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--quick", action="store_true", help="a smoke run: 6 steps on 2,000 pairs")
     r = sub.add_parser("record")
