@@ -85,10 +85,10 @@ def test_no_position_sees_a_later_one_german_or_english(norm_first):
 
 
 def test_the_attention_weights_are_zero_above_the_diagonal():
-    model = small()
+    model, batch = small(), make_batch(SRC, TGT)
     for layer in model.layers:
         layer.keep_weights = True
-    seq, _ = model.joined(*[t[:1] for t in (make_batch(SRC, TGT).src, make_batch(SRC, TGT).tgt_in)])
+    seq, _ = model.joined(batch.src[:1], batch.tgt_in[:1])
     model.stack(seq, torch.arange(seq.size(1)))
     for layer in model.layers:
         w = layer.self_attn_weights  # (1, H, L, L)
@@ -194,14 +194,13 @@ def test_the_books_trainer_trains_it_and_gets_its_model_class_back(tmp_path, sma
 def test_the_benchmark_trains_and_records_the_decoder_only_model(tmp_path):
     """The encoder-decoder's side of the script is the library's Translator, tested with chapter 13."""
     script = ROOT / "benchmarks" / "decoder_only_same_recipe.py"
-    for model in ("decoder-only",):
-        run, record = tmp_path / model, tmp_path / f"{model}.json"
-        subprocess.run([sys.executable, str(script), "train", "--model", model, "--out", str(run), "--quick",
-                        "--preset", "tiny", "--threads", "1"], check=True, capture_output=True)
-        subprocess.run([sys.executable, str(script), "record", str(run), str(record), "--limit", "3"], check=True,
-                       capture_output=True)
-        r = json.loads(record.read_text())
-        assert r["model"] == model and r["steps"] == 6 and "dry run" in r["limit"]
-        assert set(r["bleu"]) == set(r["bleu_greedy"]) == {"val", "test2016"}
-        assert len(record.with_name(f"{model}.test2016.txt").read_text().splitlines()) == 3
-        assert ("german_share_by_layer" in r) == (model == "decoder-only")
+    run, record = tmp_path / "run", tmp_path / "decoder_only.json"
+    subprocess.run([sys.executable, str(script), "train", "--model", "decoder-only", "--out", str(run), "--quick",
+                    "--preset", "tiny", "--threads", "1"], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(script), "record", str(run), str(record), "--limit", "3"], check=True,
+                   capture_output=True)
+    r = json.loads(record.read_text())
+    assert r["model"] == "decoder-only" and r["steps"] == 6 and "dry run" in r["limit"]
+    assert set(r["bleu"]) == set(r["bleu_greedy"]) == {"val", "test2016"}
+    assert len(record.with_name("decoder_only.test2016.txt").read_text().splitlines()) == 3
+    assert len(r["german_share_by_layer"]) == r["layers"] and r["checkpoint"].startswith("model.pt")
