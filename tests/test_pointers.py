@@ -32,9 +32,9 @@ MENTION = re.compile(rf"\bchapter\s+({NUMBER})|\bchapters\s+({NUMBER}(?:\s*(?:,|
 
 
 def pages_of(chapter: str) -> list[str]:
-    """The page files of chapter "12" (12_decoding, 12b_fast_decoding) or "12b" (12b_fast_decoding)."""
-    number, section = int(chapter.rstrip("b")), chapter.endswith("b")
-    prefixes = [f"{number:02d}b_"] if section else [f"{number:02d}_", f"{number:02d}b_"]
+    """The page files of chapter "12" (12_decoding, 12b_fast_decoding) or "12b" (12b_fast_decoding); "15c" likewise."""
+    number, section = int(chapter.rstrip("bc")), chapter[-1] if chapter[-1] in "bc" else ""
+    prefixes = [f"{number:02d}{section}_"] if section else [f"{number:02d}{s}_" for s in ("", "b", "c")]
     return [stem for stem in CHAPTER_PAGES if stem.startswith(tuple(prefixes))]
 
 
