@@ -30,7 +30,8 @@ test: env
 
 ## Chapters as a Colab reader first runs them: each notebook alone in an empty folder, in a fresh Python holding
 ## only torch, numpy, matplotlib and ipykernel, its set-up cell cloning the repository (served from this commit).
-COLAB_NOTEBOOKS ?= book/01_tokens.ipynb book/10_transformer.ipynb book/13_translator.ipynb
+## The longest first: two at a time, the two short ones share a core while chapter 13 trains on the other.
+COLAB_NOTEBOOKS ?= book/13_translator.ipynb book/01_tokens.ipynb book/10_transformer.ipynb
 colab: env
 	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) tools/colab_run.py --torch "$(TORCH_SPEC)" $(COLAB_NOTEBOOKS)
 
