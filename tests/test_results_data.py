@@ -204,3 +204,21 @@ def test_the_fair_peers_were_trained_in_pairs_on_one_machine_and_differ_only_whe
     init = _load("peers/ours_torch_init.json")
     assert init["steps"] == ours["steps"] and init["config"] == {**ours["config"], "max_minutes": None}
     assert "--layers ours-torch-init" in init["command"] and f"--steps {ours['steps']}" in init["command"]
+
+
+def test_the_two_draws_of_attention_differ_in_the_draw_alone_and_kept_their_translations():
+    """Chapter 10 and the tuning log compare these two runs by paired bootstrap: one command but the draw, one
+    machine, one budget in steps, and each split's translations beside the record, a line per sentence."""
+    from transformer_lib.data import load_multi30k
+
+    xavier, packed = _load("float32/cpu_xavier_init.json"), _load("shipped/cpu_packed_init.json")
+    assert TrainConfig.from_preset("cpu").attention_init == "xavier" and "attention_init" not in xavier["overrides"]
+    assert packed["overrides"]["attention_init"] == "packed"
+    assert xavier["command"].replace("xavier", "packed") == packed["command"]
+    assert _same_but(xavier, packed)
+    for key in ("device", "precision", "torch_version", "steps", "epochs", "tokens", "parameters", "decoding"):
+        assert xavier[key] == packed[key], key
+    for name in ("float32/cpu_xavier_init", "shipped/cpu_packed_init"):
+        for split in ("val", "test2016"):
+            lines = (ROOT / "results" / f"{name}.{split}.txt").read_text(encoding="utf-8").splitlines()
+            assert len(lines) == len(load_multi30k(split)) and sum(map(bool, lines)) == len(lines), (name, split)
