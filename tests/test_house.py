@@ -1,4 +1,5 @@
-"""The house stays one-way (BOOK_PLAN.md): no module imports one above it, and inference never loads training."""
+"""The house stays one-way (ORDER below, bottom to top): no module imports one above it, and inference never loads
+training. book/api.ipynb lists the modules and the chapter that explains each."""
 import ast
 import json
 import re
