@@ -1,5 +1,6 @@
 """transformer_lib.attention: equal to PyTorch's, masks that never give NaN, a cache that changes nothing."""
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -7,12 +8,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_lib.attention import (
     KVCache,
     MultiHeadAttention,
     causal_mask,
     padding_mask,
+    rows_have_keys,
     scaled_dot_product_attention,
 )
 
@@ -173,6 +176,119 @@ def test_masked_weights_are_exactly_zero_in_low_precision(dtype):
     out, weights = scaled_dot_product_attention(q, k, v, mask)
     assert weights.dtype == dtype and torch.isfinite(out).all()
     assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+
+
+# --- rows_have_keys: the promise that every query row has a key -------------------------------------------
+
+
+def _promise_kept(kind: str) -> torch.Tensor:
+    """A mask (B|1, 1, T|1, S) for B=3, T=5, S=7 in which every query row has a key, as in training."""
+    if kind == "padding":
+        return _lengths_mask([7, 3, 1], 7)  # (B, 1, 1, S)
+    if kind == "causal":
+        return causal_mask(5, offset=2)  # (1, 1, T, S)
+    return causal_mask(5, offset=2) & _lengths_mask([7, 4, 3], 7)  # (B, 1, T, S)
+
+
+@pytest.mark.parametrize("kind", ["padding", "causal", "padding & causal"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_rows_have_keys_changes_nothing_where_every_row_has_a_key(kind, dropout):
+    """Inside the block the fast path gives the same outputs and gradients, dropout drawn from the same seed."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, dropout=dropout).train(dropout > 0)
+    x_q, x_kv = torch.randn(3, 5, 32), torch.randn(3, 7, 32)  # (B, T, D), (B, S, D)
+    mask = _promise_kept(kind)
+    results = []
+    for promised in (False, True):
+        x = x_kv.clone().requires_grad_()
+        torch.manual_seed(1)
+        with rows_have_keys() if promised else torch.enable_grad():
+            out, _ = mha(x_q, x, mask)  # (B, T, D)
+        out.sum().backward()
+        results.append((out, x.grad))
+    (outside, grad_outside), (inside, grad_inside) = results
+    torch.testing.assert_close(inside, outside, atol=0, rtol=0)
+    torch.testing.assert_close(grad_inside, grad_outside, atol=0, rtol=0)
+    if dropout:  # and the dropout did act: without it the output differs
+        torch.manual_seed(1)
+        assert not torch.allclose(inside, mha.eval()(x_q, x_kv, mask)[0], atol=1e-3)
+
+
+def test_a_row_with_no_key_gives_zeros_by_default_and_after_the_block(monkeypatch):
+    """Outside rows_have_keys (the default, and again after the block, even one left by an error) the zeros rule
+    holds; inside, the mask goes to PyTorch as it is, so a stand-in kernel that gives NaN there shows it."""
+    import transformer_lib.attention as attention
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", _nan_prone_sdpa)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 3, 8)  # (B, T, D)
+    mask = _lengths_mask([3, 0], 3)  # (B, 1, 1, S): the second sequence is all padding
+    bias = mha.out_proj.bias.expand(3, 8)  # (T, D): what a query with no key gives
+    torch.testing.assert_close(mha(x, x, mask)[0][1], bias)
+    with rows_have_keys():
+        with rows_have_keys():
+            pass
+        assert mha(x, x, mask)[0][1].isnan().all()  # no rule inside, even after leaving a nested block
+    with pytest.raises(RuntimeError, match="left by an error"), rows_have_keys():
+        raise RuntimeError("left by an error")
+    torch.testing.assert_close(mha(x, x, mask)[0][1], bias)
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten operators run while it is active (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_rows_have_keys_runs_no_any_or_and_masked_fill(dropout):
+    """Inside the block the fast path runs no aten.any, | or masked_fill, forward or backward; outside it does."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, dropout=dropout).train(dropout > 0)
+    x = torch.randn(2, 5, 16, requires_grad=True)  # (B, T, D)
+    mask = causal_mask(5) & _lengths_mask([5, 3], 5)  # (B, 1, T, S): every row has a key
+    rule = ("aten.any", "aten.bitwise_or", "aten.masked_fill")
+    counted = {}
+    for promised in (False, True):
+        with _CountOps() as ops, rows_have_keys() if promised else torch.enable_grad():
+            mha(x, x, mask)[0].sum().backward()
+        counted[promised] = {name: ops.counts[name] for name in rule}
+    assert counted[False]["aten.any"] == 1 and counted[False]["aten.masked_fill"] >= 1, counted
+    assert counted[True] == dict.fromkeys(rule, 0), counted
+
+
+def test_rows_have_keys_under_torch_compile():
+    """torch.compile reads the flag without a graph break (fullgraph=True) and keeps one graph per value: the one
+    compiled inside the block has no `any`, and leaving the block returns to the first graph."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append({str(node.target) for node in gm.graph.nodes})
+        return gm.forward
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).eval()
+    compiled = torch.compile(mha, backend=record, fullgraph=True)
+    x = torch.randn(2, 5, 16)  # (B, T, D)
+    mask = _lengths_mask([5, 2], 5)  # (B, 1, 1, S)
+    with torch.no_grad():
+        outside = compiled(x, x, mask)[0]
+        with rows_have_keys():
+            inside = compiled(x, x, mask)[0]
+        again = compiled(x, x, mask)[0]
+    torch._dynamo.reset()
+    assert len(graphs) == 2, graphs
+    assert any("any" in target for target in graphs[0]) and not any("any" in target for target in graphs[1])
+    torch.testing.assert_close(inside, outside, atol=ATOL, rtol=0)
+    torch.testing.assert_close(again, outside, atol=0, rtol=0)
 
 
 # --- multi-head attention ---------------------------------------------------------------------------------
