@@ -218,6 +218,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"training preset {preset!r} into {out}", file=sys.stderr)
     # imported here: translating and evaluating never load the trainer
     from transformer_lib.distributed import ProcessFailure
+    from transformer_lib.trainer import TrainingError
     from transformer_lib.loop import train
 
     try:
@@ -225,6 +226,8 @@ def run_train(args: argparse.Namespace) -> int:
     except UnsupportedSetting as err:
         option = "--device" if args.device is not None and str(err).startswith("device=") else "--set"
         raise CommandError(f"{option}: {err}", EXIT_USAGE) from None
+    except TrainingError as err:  # no data fits the settings, or the loss stopped being finite
+        raise CommandError(str(err), EXIT_USAGE) from None
     except ProcessFailure as err:
         raise CommandError(str(err), EXIT_INPUT) from None
     except KeyboardInterrupt:

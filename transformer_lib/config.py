@@ -9,6 +9,7 @@ __all__ = ['NOT_CHOSEN', 'ModelSettings', 'CORPUS_FIELDS', 'PRESETS', 'TrainConf
 # %% ../book/eng_configuration.ipynb #3905e80e
 import difflib
 import hashlib
+import math
 import os
 import typing
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from typing import Any
 from .data import DataError, cache_dir, read_lines, sha256_file
 from .model import TransformerConfig
 from .recipe import cooldown_factor
-from .tokenizer import _FORMAT_VERSION, BPETokenizer, cached_tokenizer
+from .tokenizer import _FORMAT_VERSION, N_BASE, BPETokenizer, cached_tokenizer
 
 # %% ../book/eng_configuration.ipynb #b707eb05
 # Fixed by the tokenizer, or (max_len: the model's positions) by the library; a run chooses the other fields.
@@ -92,6 +93,11 @@ def _check_train_config(config: TrainConfig) -> None:
     """ValueError, naming the field, for a value out of its range; the corpus fields as plain strings."""
     config.betas = tuple(float(b) for b in config.betas)
     _check_corpus_fields(config)
+    numbers = [(f.name, getattr(config, f.name)) for f in fields(config)] + [("betas", b) for b in config.betas]
+    for name, value in numbers:
+        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check below
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}={value} must be a finite number")
     config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields, naming the one wrong
     for name in ["vocab_size", "max_len", "max_tokens", "accum_steps", "warmup", "epochs", "average_last",
                  "log_every"]:
@@ -99,10 +105,15 @@ def _check_train_config(config: TrainConfig) -> None:
             raise ValueError(f"{name}={getattr(config, name)} must be at least 1")
     for name in ["train_subset", "max_steps", "max_minutes", "clip_grad_norm", "lr_factor", "threads",
                  "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "eval_epochs", "eval_minutes",
-                 "eval_every"]:
+                 "eval_every", "eps"]:
         value = getattr(config, name)
         if value is not None and value <= 0:
-            raise ValueError(f"{name}={value} must be positive" + ("" if name == "lr_factor" else " or None"))
+            raise ValueError(f"{name}={value} must be positive" + ("" if name in ("lr_factor", "eps") else " or None"))
+    if config.weight_decay < 0:
+        raise ValueError(f"weight_decay={config.weight_decay} must be at least 0")
+    if config.vocab_size < N_BASE:
+        raise ValueError(f"vocab_size={config.vocab_size} must be at least {N_BASE}: the tokenizer's special tokens "
+                         "and its 256 bytes come before any merge")
     positions = TransformerConfig.max_len
     if config.max_len >= positions:
         raise ValueError(f"max_len={config.max_len}: the model has {positions} positions and a sentence takes one "
@@ -117,7 +128,6 @@ def _check_train_config(config: TrainConfig) -> None:
     for name, allowed in choices.items():
         if getattr(config, name) not in allowed:
             raise ValueError(f"{name}={getattr(config, name)!r} must be one of {', '.join(allowed)}")
-
 
 # %% ../book/eng_configuration.ipynb #00c2ad46
 def _points_by_epoch(self: TrainConfig) -> bool:

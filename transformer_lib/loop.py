@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from .checkpoints import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, save_checkpoint
-from .checkpoints import check_corpus, check_data_order, check_model_config
+from .checkpoints import check_corpus, check_data_order, check_model_config, check_optimisation
 from .config import CORPUS_FIELDS, TrainConfig, corpus_tokenizer, directed, read_corpus
 from .data import load_multi30k
 from .distributed import Processes, start_processes
@@ -27,7 +27,7 @@ from .model import Transformer, TransformerConfig
 from .recipe import average_weights, encode_pairs, padding_fraction
 from .runtime import check_runtime, keep_freed_memory
 from .tokenizer import BPETokenizer, multi30k_tokenizer
-from .trainer import Trainer, snapshot_paths, write_metrics
+from .trainer import Trainer, TrainingError, snapshot_paths, write_metrics
 
 # %% ../book/eng_training_runs.ipynb #074cd5a0
 @dataclass
@@ -230,6 +230,8 @@ def _prepare(config: TrainConfig, out: Path, resume: bool, data_dir: str | Path 
         check_model_config(saved_model, config.model_config(tokenizer.vocab_size).to_dict(), last_path)
         check_data_order({**state["train_config"], "world_size": state.get("world_size", 1)},
                          {**config.to_dict(), "world_size": procs.world_size}, last_path)
+        # a field the checkpoint lacks was added later: the run used its default
+        check_optimisation({**TrainConfig().to_dict(), **state["train_config"]}, config.to_dict(), last_path)
     elif last_path.exists():
         raise CheckpointError(f"{last_path} already exists: pass resume=True to continue that run, or use a new out_dir")
     with procs.main_first():  # rank 0 builds and caches the tokenizer and the data; the others then read the cache
@@ -246,7 +248,14 @@ def _prepare(config: TrainConfig, out: Path, resume: bool, data_dir: str | Path 
             val_pairs = directed(load_multi30k("val", data_dir), config.direction)
     train_src, train_tgt = encode_pairs(train_pairs, tokenizer, config.max_len)
     # validation keeps every pair that fits the model's positions: dropping more would change what it measures
-    val_src, val_tgt = encode_pairs(val_pairs, tokenizer, config.model_config(tokenizer.vocab_size).max_len - 1)
+    positions = config.model_config(tokenizer.vocab_size).max_len
+    val_src, val_tgt = encode_pairs(val_pairs, tokenizer, positions - 1)
+    if not train_src:
+        raise TrainingError(f"no training pair is left: all {len(train_pairs)} have a side longer than "
+                            f"max_len={config.max_len} tokens; raise max_len")
+    if not val_src:
+        raise TrainingError(f"no validation pair fits the model's {positions} positions, so the run could not be "
+                            "validated; check the validation files")
     return state, tokenizer, (train_src, train_tgt, val_src, val_tgt), (len(train_pairs), len(val_pairs))
 
 # %% ../book/eng_training_runs.ipynb #bad89283
