@@ -57,6 +57,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                       'transformer_lib/attention.py'),
                                            'transformer_lib.attention.padding_mask': ( 'attention.html#padding_mask',
                                                                                        'transformer_lib/attention.py'),
+                                           'transformer_lib.attention.rows_have_keys': ( 'multi_head_attention.html#rows_have_keys',
+                                                                                         'transformer_lib/attention.py'),
                                            'transformer_lib.attention.scaled_dot_product_attention': ( 'attention.html#scaled_dot_product_attention',
                                                                                                        'transformer_lib/attention.py')},
             'transformer_lib.beyond': { 'transformer_lib.beyond.DecoderOnlyConfig': ( 'beyond_the_paper.html#decoderonlyconfig',
