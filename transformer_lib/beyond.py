@@ -83,14 +83,14 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
         return (k, v) if cache is None else cache.update(k, v)  # (B, H, offset + S_new, Dh)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
         """Self-attention of x (B, T, D) at positions len(cache)..: (B, T, D) and the weights or None."""
         if x_q.shape != x_kv.shape:
             raise ValueError(f"rotary attention is self-attention: queries {tuple(x_q.shape)} and keys "
                              f"{tuple(x_kv.shape)} must come from the same sequence")
         if cache is not None and cache.static:
             raise ValueError("rotary attention is self-attention; a static cache belongs to cross-attention")
-        return super().forward(x_q, x_kv, mask, cache, need_weights)
+        return super().forward(x_q, x_kv, mask, cache, need_weights, is_causal)
 
 # %% ../book/15_beyond_the_paper.ipynb #7804243d
 @dataclass
@@ -127,17 +127,28 @@ class DecoderOnlyConfig:
 
 # %% ../book/15_beyond_the_paper.ipynb #12cdb9ec
 class DecoderOnlyLayer(EncoderLayer):
-    """GPT's block: an encoder layer used causally, with optional rotary self-attention and a cache."""
+    """GPT's block: an encoder layer run causally, with a key/value cache and optional rotary self-attention."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = True,
-                 rotary: bool = False, max_len: int = 512) -> None:
-        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+                 rotary: bool = False, max_len: int = 512, attention_dropout: float | None = None,
+                 ffn_dropout: float | None = None) -> None:
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first, attention_dropout, ffn_dropout)
         if rotary:
-            self.self_attn = RotaryMultiHeadAttention(d_model, n_heads, dropout, max_len=max_len)
+            p = dropout if attention_dropout is None else attention_dropout
+            self.self_attn = RotaryMultiHeadAttention(d_model, n_heads, p, max_len=max_len)
+
+    def _attention(self, h: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
+        out, weights = self.self_attn(h, h, mask, cache, need_weights=self.keep_weights,
+                                      is_causal=mask is None and h.size(1) > 1)  # (B, T, D), (B, H, T, S) or None
+        if self.keep_weights:
+            self.self_attn_weights = weights
+        return out
 
     def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """x (B, T, D) at the positions after the cached ones; mask (1, 1, T, cached + T). Gives (B, T, D)."""
-        x = self.sublayers[0](x, lambda h: self.self_attn(h, h, mask, cache)[0])  # (B, T, D)
+        """x (B, T, D) after len(cache) cached positions; mask (B|1, 1, T, cached + T), True where a query may
+        look, or None for the causal mask: of the whole sequence with nothing cached, or of one new token, which
+        may look at every position. Returns (B, T, D)."""
+        x = self.sublayers[0](x, lambda h: self._attention(h, mask, cache))  # (B, T, D)
         return self.sublayers[1](x, self.ffn)  # (B, T, D)
 
 # %% ../book/15_beyond_the_paper.ipynb #e4f1ba52
