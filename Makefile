@@ -22,6 +22,7 @@ OTHER_KERNELS ?= ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 ## Run the whole test suite: unit, property and reference tests, and strict nbval over every notebook;
 ## then every notebook again with the math kernels on another path. Two workers on two cores, one thread each.
 test: env
+	$(VENV)/bin/ruff check .
 	$(PYTEST) $(NBVAL) tests book
 	@echo "== every notebook again, math kernels on another path: $(OTHER_KERNELS)"
 	$(OTHER_KERNELS) $(PY) -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
