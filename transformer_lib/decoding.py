@@ -98,7 +98,10 @@ def length_penalty(length: int | Tensor, alpha: float = 1.0) -> float | Tensor:
 # %% ../book/12_decoding.ipynb #83443614
 def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alpha: float = 1.0,
                     max_len: int | None = None) -> Tensor:
-    """log p(y | x) / lp(y) (B,) of one hypothesis per sentence of src (B, S), by teacher forcing."""
+    """log p(y | x) / lp(y) (B,) of one hypothesis per sentence of src (B, S), by teacher forcing.
+
+    A reference implementation: one forward pass and no search, so the tests check the searches' scores with it.
+    """
     cfg = model.config
     steps = output_budget(model, src, max_len)
     labels = [h + [cfg.eos_id] if len(h) < steps else list(h) for h in hyps]  # finished hypotheses end in eos
@@ -116,7 +119,11 @@ def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alph
 # %% ../book/12_decoding.ipynb #09c2bc3f
 def simple_beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 1.0,
                        max_len: int | None = None) -> list[int]:
-    """Beam search for one sentence src (1, S), written plainly: a list of hypotheses, each prefix run in full."""
+    """Beam search for one sentence src (1, S), written plainly: a list of hypotheses, each prefix run in full.
+
+    A reference implementation, too slow to translate with: the tests check that the fast beam_search makes
+    its choices.
+    """
     cfg, K = model.config, beam_size
     steps = output_budget(model, src, max_len)
     beams = [(0.0, [cfg.bos_id])]  # (log p, <bos> + tokens) of each open hypothesis
