@@ -193,7 +193,7 @@ def _promise_kept(kind: str) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["padding", "causal", "padding & causal"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_rows_have_keys_changes_nothing_where_every_row_has_a_key(kind, dropout):
-    """Inside the block the fast path gives the same outputs and gradients, dropout drawn from the same seed."""
+    """Inside the block the fast path gives the same outputs and gradients, dropout from the same seed."""
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 4, dropout=dropout).train(dropout > 0)
     x_q, x_kv = torch.randn(3, 5, 32), torch.randn(3, 7, 32)  # (B, T, D), (B, S, D)
@@ -215,7 +215,7 @@ def test_rows_have_keys_changes_nothing_where_every_row_has_a_key(kind, dropout)
 
 
 def test_a_row_with_no_key_gives_zeros_by_default_and_after_the_block(monkeypatch):
-    """Outside rows_have_keys (the default, and again after the block, even one left by an error) the zeros rule
+    """Outside rows_have_keys (the default, and after the block, even one left by an error) the zeros rule
     holds; inside, the mask goes to PyTorch as it is, so a stand-in kernel that gives NaN there shows it."""
     import transformer_lib.attention as attention
 
@@ -249,7 +249,7 @@ class _CountOps(TorchDispatchMode):
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_rows_have_keys_runs_no_any_or_and_masked_fill(dropout):
-    """Inside the block the fast path runs no aten.any, | or masked_fill, forward or backward; outside it does."""
+    """Inside the block no aten.any, | or masked_fill runs, forward or backward; outside, they do."""
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 4, dropout=dropout).train(dropout > 0)
     x = torch.randn(2, 5, 16, requires_grad=True)  # (B, T, D)
@@ -265,8 +265,8 @@ def test_rows_have_keys_runs_no_any_or_and_masked_fill(dropout):
 
 
 def test_rows_have_keys_under_torch_compile():
-    """torch.compile reads the flag without a graph break (fullgraph=True) and keeps one graph per value: the one
-    compiled inside the block has no `any`, and leaving the block returns to the first graph."""
+    """torch.compile reads the flag without a graph break (fullgraph=True) and keeps one graph per value:
+    the one compiled inside the block has no `any`, and leaving the block returns to the first graph."""
     torch._dynamo.reset()
     graphs = []
 

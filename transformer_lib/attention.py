@@ -91,7 +91,7 @@ _rows_have_keys = False  # True inside rows_have_keys()
 
 @contextmanager
 def rows_have_keys() -> Iterator[None]:
-    """Promise that every query row of every mask in the block has a key: the fast path then skips the zeros rule."""
+    """Promise that every query row of every mask in the block has a key, so the zeros rule can be skipped."""
     global _rows_have_keys
     outer, _rows_have_keys = _rows_have_keys, True
     try:
