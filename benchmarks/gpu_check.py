@@ -1,11 +1,12 @@
-"""One prepared check of the GPU path, in one command: correctness, attention kernels, training speed and MFU, and
-the share of a run's time that validation and checkpoints take.
+"""One prepared check of the GPU path, in one command: correctness, attention kernels, training speed and MFU, the
+trainer's own step over the preset's real batches, and the share of a run's time that validation and checkpoints take.
 
 It needs PyTorch and, from the repository, transformer_lib (found through sys.path, nothing to install) with its
 two pure-Python dependencies, einops and tqdm. On a machine without a network, bring their wheels
 (`pip download einops tqdm --no-deps -d wheels/`) and pass `--wheels wheels/`: a pure-Python wheel is a zip
-archive that Python imports from directly. No data is read: the batches are random token ids of the Multi30k
-batches' shape.
+archive that Python imports from directly. Parts 1 to 5 read no data: their batches are random token ids of the
+Multi30k batches' shape. Part 6 reads Multi30k through transformer_lib.data (--data, else TRANSFORMER_LIB_DATA);
+without it, part 6 records why and the others go on.
 
 What it prints (and writes as JSON to --out):
 1. the environment: PyTorch, CUDA, the GPU's name and compute capability;
@@ -15,11 +16,17 @@ What it prints (and writes as JSON to --out):
 3. which SDPA kernel our attention runs, with is_causal and with a padding mask;
 4. the seconds of one validation, one weights-only snapshot and one full last.pt, and the share of a run of
    --run-minutes they take at its cadence (--eval-minutes, --checkpoint-minutes);
-5. training tokens/s of the gpu preset's model (bf16 eager, bf16 compiled, fp16 with loss scaling) and of
-   torch.nn.Transformer of the same shape, each with its MFU: the step's FLOPs counted by
-   transformer_lib.runtime.training_flops from the real (unpadded) tokens, per second, over the GPU's published
-   dense 16-bit peak (runtime.PEAK_FLOPS); tokens/s counts real tokens too, as the trainer does. The compiled
-   mode comes last: its compilation takes the longest.
+5. the bare step: training tokens/s of the gpu preset's model on one fixed batch of 700 sentences (bf16 eager,
+   fp16 with loss scaling, bf16 compiled) and of torch.nn.Transformer of the same shape, each with its MFU: the
+   step's FLOPs counted by transformer_lib.runtime.training_flops from the real (unpadded) tokens, per second,
+   over the GPU's published dense 16-bit peak (runtime.PEAK_FLOPS); tokens/s counts real tokens too, as the
+   trainer does;
+6. the trainer's step: Trainer.train_step of the gpu preset over the first epoch's real batches, as a run takes
+   them (a new (B, S, T) shape at most steps), then over the same batches again (every shape seen before): tokens/s
+   and MFU of each pass, the number of distinct batch shapes, the host's milliseconds per step (the wall time until
+   train_step returns, with the step's GPU work queued but not waited for) against the step's (synchronised), and
+   the SDPA kernels a training step runs. Beside the bare step's tokens/s it says what a run loses to real batches.
+The compiled bare step comes last: its compilation takes the longest.
 
 The JSON is rewritten after each part, so a run cut short (a `timeout`, a lost machine) leaves what it measured.
 
@@ -52,8 +59,8 @@ sys.path.insert(0, str(ROOT))
 # models are initialised as ours is (Xavier embeddings, which the generator shares: logits of a random model spread
 # by a few tenths, so log p is about -log V everywhere). Autocast rounds a product's inputs to bfloat16's 8
 # significant bits (unit roundoff u = 2^-8) or float16's 11 (2^-11); the bound allows 16 u, the rounding of twelve
-# layers compounding with room to spare. tests/test_gpu_check.py measures the gpu preset's size on the CPU (where
-# bfloat16 autocast runs too) against these bounds.
+# layers compounding with room to spare. tests/test_gpu_check.py holds them to what the one H100 run measured at the
+# gpu preset's size (results/gpu/h100_2026-11-27/gpu_check.json).
 BOUNDS = {"float32": 1e-5, "bfloat16": 16 * 2.0**-8, "float16": 16 * 2.0**-11}
 
 
@@ -153,8 +160,7 @@ def sdpa_kernels(shape: dict, device: torch.device, dtype: torch.dtype | None) -
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             with torch.no_grad(), torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
                 attn(x, x, **kwargs)
-        kernels = sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name.startswith("aten::_")})
-        found[name] = kernels or ["(no SDPA kernel)"]
+        found[name] = sdpa_names(prof) or ["(no SDPA kernel)"]
     return found
 
 
@@ -164,18 +170,24 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps: int, quick: bool,
-               results: dict | None = None, saved=lambda: None) -> dict:
-    """Training tokens/s (source + target, real tokens) and MFU of each mode, the median of `steps` timed steps;
-    each mode's result goes into `results` as it comes, and saved() is called after each (the compiled mode, whose
-    compilation takes the longest, comes last)."""
+# the bare step's modes: (autocast dtype, compiled, whose layers)
+MODES = {"ours bf16 eager": (torch.bfloat16, False, "ours"), "ours fp16 + GradScaler": (torch.float16, False, "ours"),
+         "nn.Transformer bf16 eager": (torch.bfloat16, False, "torch"),
+         "ours bf16 compiled": (torch.bfloat16, True, "ours")}
+
+
+def throughput(shape: dict, device: torch.device, batch, steps: int, quick: bool, peak: float | None,
+               modes: list[str] | None = None, results: dict | None = None, saved=lambda: None) -> dict:
+    """Training tokens/s (source + target, real tokens) and MFU (over peak FLOP/s; None: no MFU) of each of modes
+    (default: all of MODES) on one fixed batch, the median of `steps` timed steps; each mode's result goes into
+    `results` as it comes, and saved() is called after each."""
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.positional import sinusoidal_encoding
     from transformer_lib.recipe import LabelSmoothingLoss
     from transformer_lib.distributed import LossComputation
-    from transformer_lib.runtime import peak_flops, training_flops
+    from transformer_lib.runtime import training_flops
 
-    batch = random_batch(shape["vocab_size"], B, S, T, device)
+    B = batch.src.size(0)
     tokens = batch.n_src_tokens + batch.n_tgt_tokens  # real tokens, as the trainer counts them
     padded = batch.src.numel() + batch.tgt_in.numel()
     src_lengths = (batch.src != 0).sum(1).tolist()  # (B,): with <eos>
@@ -183,12 +195,9 @@ def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps:
     config = TransformerConfig(**{k: shape[k] for k in ("vocab_size", "d_model", "n_heads", "n_encoder_layers",
                                                         "n_decoder_layers", "d_ff", "dropout", "norm_first")})
     flops = training_flops(config, src_lengths, tgt_lengths)
-    peak = peak_flops(device)
-    modes = {"ours bf16 eager": (torch.bfloat16, False, "ours"), "ours fp16 + GradScaler": (torch.float16, False, "ours"),
-             "nn.Transformer bf16 eager": (torch.bfloat16, False, "torch"),
-             "ours bf16 compiled": (torch.bfloat16, True, "ours")}
     results = {} if results is None else results
-    for name, (dtype, compiled, which) in modes.items():
+    for name in MODES if modes is None else modes:
+        dtype, compiled, which = MODES[name]
         if compiled and quick:
             results[name] = {"error": "skipped with --quick (Dynamo alone takes half a minute on two cores)"}
             saved()
@@ -231,11 +240,87 @@ def throughput(shape: dict, device: torch.device, B: int, S: int, T: int, steps:
             continue
         step = statistics.median(times[2:])
         results[name] = {"tokens_per_s": tokens / step, "step_s": step, "warm_up_s": warm_up,
-                         "mfu": flops / step / peak if peak else None, "step_flops": flops,
+                         "mfu": flops / step / peak if peak else None, "step_flops": flops, "tokens": tokens,
                          "padded_share": 1 - tokens / padded}
         saved()
         del model, optimizer
     return results
+
+
+def sdpa_names(prof) -> list[str]:
+    """The aten SDPA kernels (forward and backward) a profile saw."""
+    return sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name.startswith("aten::_")})
+
+
+def trainer_steps(config, tokenizer, steps: int | None, data_dir: Path | None = None,
+                  peak: float | None = None) -> dict:
+    """Trainer.train_step of `config` (a TrainConfig) over the first `steps` steps (None: all) of its first epoch's
+    real batches of Multi30k, twice: as a run first meets them, then the same batches again, every shape seen.
+
+    Each step is timed twice: when train_step returns (the host's part: building the next batch, queuing the step's
+    kernels; on a GPU the kernels may still run) and after waiting for the device (the step). The shapes are those
+    of the batches the loss computation received; the SDPA kernels are those of one more step, profiled."""
+    from transformer_lib.config import directed
+    from transformer_lib.data import load_multi30k
+    from transformer_lib.distributed import start_processes
+    from transformer_lib.recipe import encode_pairs
+    from transformer_lib.runtime import training_flops
+    from transformer_lib.trainer import Trainer
+
+    train_pairs = directed(load_multi30k("train", data_dir), config.direction)[: config.train_subset]
+    val_pairs = directed(load_multi30k("val", data_dir), config.direction)[:8]  # the trainer wants some; unused here
+    data = (*encode_pairs(train_pairs, tokenizer, config.max_len), *encode_pairs(val_pairs, tokenizer, config.max_len))
+    procs = start_processes(config.device)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            run = Trainer(config, Path(folder), tokenizer, procs, data, progress=False)
+            device, batches = run.device, run.batches()
+            n = len(batches) // run.per_step if steps is None else min(steps, len(batches) // run.per_step)
+            seen: list[tuple[int, int, int]] = []  # (B, S, T) of each batch the loss computation received
+            net = run.net
+
+            def recording(batch):
+                seen.append((batch.src.size(0), batch.src.size(1), batch.tgt_in.size(1)))
+                return net(batch)
+
+            run.net = recording
+
+            def one_pass() -> dict:
+                run.position = 0  # the epoch's first batches again
+                host, step, tokens = [], [], 0
+                for _ in range(n):
+                    sync(device)
+                    start = time.perf_counter()
+                    _, n_tokens = run.train_step(batches)
+                    host.append(time.perf_counter() - start)  # the step's work queued, not waited for
+                    sync(device)
+                    step.append(time.perf_counter() - start)
+                    run.schedule.step()
+                    tokens += n_tokens
+                return {"tokens_per_s": tokens / sum(step), "step_ms": 1e3 * statistics.median(step),
+                        "host_ms": 1e3 * statistics.median(host), "first_step_ms": 1e3 * step[0],
+                        "slowest_step_ms": 1e3 * max(step), "seconds": sum(step), "tokens": tokens}
+
+            run.model.train()
+            first = one_pass()
+            shapes = list(seen)
+            again = one_pass()
+            run.position = 0
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                run.train_step(batches)
+                sync(device)
+            used = [i for idx in batches[: n * run.per_step] for i in idx]
+            flops = training_flops(run.model_config, [len(data[0][i]) + 1 for i in used],
+                                   [len(data[1][i]) + 1 for i in used])
+            precision = "float32" if run.amp is None else str(run.amp).replace("torch.", "")
+            for result in (first, again):
+                result["mfu"] = flops / result["seconds"] / peak if peak else None
+            return {"preset": config.preset, "precision": precision, "max_tokens": config.max_tokens,
+                    "pairs": len(data[0]), "steps": n, "steps_per_epoch": len(batches) // run.per_step,
+                    "tokens": first["tokens"], "step_flops_total": flops, "distinct_shapes": len(set(shapes)),
+                    "shapes": shapes, "first_pass": first, "again": again, "sdpa_kernels": sdpa_names(prof)}
+    finally:
+        procs.close()
 
 
 def share_of_run(validation_s: float, snapshot_s: float, last_pt_s: float, minutes: float, eval_minutes: float,
@@ -290,16 +375,36 @@ def overhead_share(shape: dict, device: torch.device, B: int, S: int, T: int, va
             "share_of_run": share_of_run(validation, snapshot, last, **cadence)}
 
 
+QUICK_PAIRS, QUICK_VOCAB, QUICK_STEPS = 600, 400, 3  # --quick: a tokenizer trained on the first pairs, a few steps
+
+
+def trainer_setup(device: torch.device, quick: bool, data_dir: Path | None) -> tuple:
+    """(config, tokenizer, steps) of part 6: the gpu preset with its 8000-token BPE over the first epoch's steps;
+    with --quick the tiny preset over QUICK_PAIRS pairs, with a tokenizer trained on them, for QUICK_STEPS steps."""
+    from transformer_lib.config import TrainConfig, directed
+    from transformer_lib.data import load_multi30k
+    from transformer_lib.tokenizer import BPETokenizer, multi30k_tokenizer
+
+    if not quick:
+        config = TrainConfig.from_preset("gpu", device=str(device))
+        return config, multi30k_tokenizer(config.vocab_size, data_dir), None
+    config = TrainConfig.from_preset("tiny", device=str(device), train_subset=QUICK_PAIRS, vocab_size=QUICK_VOCAB)
+    pairs = directed(load_multi30k("train", data_dir), config.direction)[:QUICK_PAIRS]
+    return config, BPETokenizer.train([s for pair in pairs for s in pair], QUICK_VOCAB), QUICK_STEPS
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--quick", action="store_true", help="a small model and few steps (for the CPU and CI)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: nowhere)")
-    parser.add_argument("--run-minutes", type=float, default=6.0, help="the training run whose overhead share "
-                        "part 5 estimates (default: 6, tools/gpu_session.sh's budget)")
+    parser.add_argument("--run-minutes", type=float, default=5.5, help="the training run whose overhead share "
+                        "part 4 estimates (default: 5.5, the cap of tools/gpu_session.py's training)")
     parser.add_argument("--eval-minutes", type=float, default=1.0, help="its minutes between validation points")
     parser.add_argument("--checkpoint-minutes", type=float, default=2.0, help="its minutes between last.pt writes")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="the folder of the Multi30k files for part 6 (default: TRANSFORMER_LIB_DATA, else the cache)")
     parser.add_argument("--wheels", type=Path, default=None,
                         help="a folder of pure-Python wheels (einops, tqdm) to import from, without installing")
     args = parser.parse_args()
@@ -309,6 +414,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this PyTorch sees no CUDA device; use --device cpu --quick")
     from transformer_lib.config import PRESETS
+    from transformer_lib.runtime import peak_flops
 
     gpu = PRESETS["gpu"]
     shape = {k: gpu[k] for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
@@ -342,7 +448,19 @@ def main() -> None:
     report["ok"] = ok
     save("overhead")
     report["training"] = {}  # filled mode by mode: a cut run keeps the modes it timed
-    throughput(shape, device, B, S, T, steps, args.quick, report["training"], lambda: save("training (part)"))
+    batch, peak = random_batch(shape["vocab_size"], B, S, T, device), peak_flops(device)
+    eager = [name for name, (_, compiled, _) in MODES.items() if not compiled]
+    throughput(shape, device, batch, steps, args.quick, peak, eager, report["training"], lambda: save("training (part)"))
+    save("training (eager)")
+    try:
+        report["trainer_step"] = trainer_steps(*trainer_setup(device, args.quick, args.data), data_dir=args.data,
+                                               peak=peak)
+    except Exception as err:  # no data, or a trainer this check does not know: the other parts stand
+        report["trainer_step"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+    save("trainer_step")
+    compiled = [name for name in MODES if name not in eager]
+    throughput(shape, device, batch, steps, args.quick, peak, compiled, report["training"],
+               lambda: save("training (part)"))
     save("training")
 
     env = report["environment"]
@@ -363,6 +481,24 @@ def main() -> None:
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         print(f"  {name:28}{r['tokens_per_s']:>12,.0f}{mfu:>8}{r['warm_up_s']:>11.1f}")
+    t = report["trainer_step"]
+    if "error" in t:
+        print(f"  {'Trainer.train_step':28}{t['error']}")
+    else:
+        print(f"  Trainer.train_step, the {t['preset']} preset in {t['precision']}, over {t['steps']} real batches of "
+              f"at most {t['max_tokens']:,} tokens a side: {t['distinct_shapes']} distinct (B, S, T) shapes; "
+              f"SDPA: {', '.join(t['sdpa_kernels']) or '(no SDPA kernel)'}")
+        for label, key in (("first time", "first_pass"), ("again", "again")):
+            r = t[key]
+            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+            print(f"  {'  ' + label:28}{r['tokens_per_s']:>12,.0f}{mfu:>8}   step {r['step_ms']:.1f} ms, host "
+                  f"{r['host_ms']:.1f} ms (medians), first step {r['first_step_ms']:.0f} ms")
+        bare = report["training"].get("ours bf16 eager", {})
+        if "tokens_per_s" in bare and t["precision"] == "bfloat16":
+            print(f"  the trainer's step on real batches / the bare step: "
+                  f"ratio={t['first_pass']['tokens_per_s'] / bare['tokens_per_s']:.2f}")
+        elif "tokens_per_s" in bare:
+            print(f"  (the trainer's step in {t['precision']}, the bare step in bfloat16: no ratio)")
     o = report["overhead"]
     print(f"  validation {o['validation_s']:.2f} s, weights snapshot {o['snapshot_s']:.2f} s, last.pt "
           f"{o['last_pt_s']:.2f} s ({o['last_pt_mb']:.0f} MB): {o['share_of_run']:.1%} of a {o['minutes']:g}-minute "
