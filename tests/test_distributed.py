@@ -38,7 +38,7 @@ WORKER = textwrap.dedent(
     import json, os, sys
     import torch
     {FLOAT64}
-    import transformer_lib.trainer as trainer
+    import transformer_lib.training_step as trainer
     from transformer_lib.config import TrainConfig
     from transformer_lib.loop import train
     from transformer_lib.tokenizer import BPETokenizer
@@ -244,15 +244,31 @@ def test_two_processes_train_compiled(tmp_path, small_tokenizer, two_process_run
 
 
 def test_waiting_for_rank_0_alone_uses_the_group_with_the_long_timeout(monkeypatch):
-    """While rank 0 trains a tokenizer the others wait at a barrier of the slow-work group (SLOW_WORK_HOURS),
-    not of NCCL's group, whose 10-minute timeout bounds a training step's collectives."""
+    """While rank 0 trains a tokenizer the others wait at a barrier of the slow-work group that start_processes
+    makes, whose timeout is longer than the one that bounds a training step's collectives (the default group's)."""
+    from datetime import timedelta
+
     from transformer_lib import distributed
 
-    waits = []
+    timeouts, waits = {}, []
+
+    def new_group(backend: str, timeout: timedelta | None = None) -> str:
+        timeouts["slow"] = timeout
+        return "slow"
+
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda backend, timeout: timeouts.update(step=timeout))
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: int(os.environ["RANK"]))
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(distributed.dist, "new_group", new_group)
     monkeypatch.setattr(distributed.dist, "barrier", lambda group=None: waits.append(group))
-    slow = object()
+    monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in (0, 1):
-        procs = distributed.Processes(torch.device("cpu"), rank, 2, slow_group=slow)
+        monkeypatch.setenv("RANK", str(rank))
+        procs = distributed.start_processes("cpu", timeout_minutes=10.0)
         with procs.main_first():
             pass
-    assert waits == [slow, slow] and distributed.SLOW_WORK_HOURS >= 1
+    assert waits == ["slow", "slow"]
+    assert timeouts["step"] == timedelta(minutes=10.0) and timeouts["slow"] > timeouts["step"]
