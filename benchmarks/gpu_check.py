@@ -404,7 +404,7 @@ def main() -> None:
     parser.add_argument("--eval-minutes", type=float, default=1.0, help="its minutes between validation points")
     parser.add_argument("--checkpoint-minutes", type=float, default=2.0, help="its minutes between last.pt writes")
     parser.add_argument("--data", type=Path, default=None,
-                        help="the folder of the Multi30k files for part 6 (default: TRANSFORMER_LIB_DATA, else the cache)")
+                        help="the Multi30k files' folder for part 6 (default: TRANSFORMER_LIB_DATA, else the cache)")
     parser.add_argument("--wheels", type=Path, default=None,
                         help="a folder of pure-Python wheels (einops, tqdm) to import from, without installing")
     args = parser.parse_args()
@@ -450,7 +450,8 @@ def main() -> None:
     report["training"] = {}  # filled mode by mode: a cut run keeps the modes it timed
     batch, peak = random_batch(shape["vocab_size"], B, S, T, device), peak_flops(device)
     eager = [name for name, (_, compiled, _) in MODES.items() if not compiled]
-    throughput(shape, device, batch, steps, args.quick, peak, eager, report["training"], lambda: save("training (part)"))
+    throughput(shape, device, batch, steps, args.quick, peak, eager, report["training"],
+               lambda: save("training (part)"))
     save("training (eager)")
     try:
         report["trainer_step"] = trainer_steps(*trainer_setup(device, args.quick, args.data), data_dir=args.data,
