@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 PAGES = sorted(BOOK.glob("*.ipynb")) + [p for p in sorted(BOOK.glob("*.md")) if p.name != "references.md"]
 # The pages held to the stricter rule: a typed figure is printed in its own section, digit for digit. Extend freely.
-BY_SECTION = ["13_translator.ipynb", "14_inside_the_translator.ipynb"]
+BY_SECTION = ["13_translator.ipynb", "14_inside_the_translator.ipynb", "eng_tuning_log.ipynb"]
 # Pages on their way to BY_SECTION: the stricter rule still flags sentences there (test_by_section_on_pages_to_move
 # lists them, as an expected failure), so their page test keeps the looser rule until they move up.
-TO_MOVE = ["eng_tuning_log.ipynb"]
+TO_MOVE: list[str] = []
 
 # --- Exemptions -------------------------------------------------------------------------------------------------
 # Constants of the paper, of the presets and of the data, which prose may type (strings as a reader writes them).
