@@ -1,9 +1,9 @@
 """The decoder-only translator against the encoder-decoder: the same data, recipe, trainer, budget and size.
 
 `DecoderOnlyTranslator` (book/15c_decoder_only_translator.ipynb) answers the trainer's calls as our `Transformer`
-does, so `train()` trains it unchanged: the same token batches in the same order, the Noam schedule with its
-cooldown, label smoothing, clipping, the inner dropout that starts halfway, the averaging of the last snapshots.
-While it trains (and only then) the trainer's model class points at it.
+does, so `train(..., model_factory=DecoderOnlyTranslator)` trains it unchanged: the same token batches in the same
+order, the Noam schedule with its cooldown, label smoothing, clipping, the inner dropout that starts halfway, the
+averaging of the last snapshots.
 
 Usage (the two runs of the page, started together so that they share the machine alike; a budget in steps,
 which the machine's load cannot change):
@@ -22,8 +22,6 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import contextmanager
-from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
@@ -32,7 +30,6 @@ sys.path.insert(0, str(ROOT))  # the repository's transformer_lib, installed or 
 
 import torch  # noqa: E402
 
-import transformer_lib.trainer as trainer_module  # noqa: E402
 from transformer_lib.analysis import cross_attention  # noqa: E402
 from transformer_lib.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
 from transformer_lib.config import TrainConfig, directed  # noqa: E402
@@ -46,17 +43,6 @@ from transformer_lib.translate import Translator, bleu, device_description, over
 MODELS = {"encoder-decoder": Transformer, "decoder-only": DecoderOnlyTranslator}
 FIGURE_SENTENCES = (0, 1, 2, 3)  # test2016 pairs whose attention the record keeps (mean over heads, each layer)
 SHARE_SENTENCES = 200  # test2016 pairs over which the decoder-only model's attention on German is averaged
-
-
-@contextmanager
-def trainer_builds(model_class: type) -> Iterator[None]:
-    """While inside, the trainer builds model_class instead of the encoder-decoder Transformer."""
-    saved = trainer_module.Transformer
-    trainer_module.Transformer = model_class
-    try:
-        yield
-    finally:
-        trainer_module.Transformer = saved
 
 
 def load_run(path: Path) -> tuple[torch.nn.Module, BPETokenizer, dict]:
@@ -102,8 +88,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.quick:
         overrides.update(max_steps=6, train_subset=2000, log_every=2)
     config = TrainConfig.from_preset(args.preset, **overrides)
-    with trainer_builds(MODELS[args.model]):
-        result = train(config, args.out)
+    result = train(config, args.out, model_factory=MODELS[args.model])
     for name in ("model.pt", "last.pt"):  # say which model the weights belong to
         path = args.out / name
         if path.exists():

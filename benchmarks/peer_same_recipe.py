@@ -9,9 +9,8 @@ query/key/value matrix taken as one). Everything else is `train()` as it is: the
 order, the Noam schedule with its cooldown, label smoothing, gradient clipping, the inner dropout that starts
 halfway, the clock, the averaging of the last snapshots, float32 or bf16 as the preset's `amp` decides.
 
-Two names of the trainer are pointed at the peer while it trains (and only then): the model class the trainer
-builds, and the inner-dropout switch, which also sets PyTorch's layers (their attention weights' dropout and
-the feed-forward network's hidden dropout).
+`train(..., model_factory=TorchLayers)` hands the trainer the peer to build; its inner-dropout switch finds
+PyTorch's layers as it finds ours (their attention weights' dropout and the feed-forward network's hidden dropout).
 
 At the end the trained weights are copied into our own `Transformer` with `Transformer.from_torch` (chapter 10
 shows the two compute the same function) and model.pt is rewritten in our layout, so the run is decoded and
@@ -29,16 +28,12 @@ Add --quick for a smoke run (a few steps on 2,000 pairs, in a temporary folder).
 import argparse
 import tempfile
 import warnings
-from contextlib import contextmanager
 from dataclasses import replace
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-import transformer_lib.trainer as trainer_module
-from transformer_lib.attention import MultiHeadAttention
 from transformer_lib.checkpoints import load_checkpoint, save_checkpoint
 from transformer_lib.config import TrainConfig
 from transformer_lib.loop import train
@@ -95,33 +90,6 @@ class TorchLayers(Transformer):
                                       bos_id=c.bos_id, eos_id=c.eos_id).eval()
 
 
-def _torch_inner_dropout(original):
-    """The trainer's inner-dropout switch, extended to PyTorch's layers."""
-
-    def set_inner_dropout(run: trainer_module.Trainer, progress: float) -> None:
-        original(run, progress)
-        on = progress >= run.config.inner_dropout_from
-        for module in run.model.modules():
-            if isinstance(module, nn.MultiheadAttention):
-                module.dropout = run.model_config.attention_dropout if on else 0.0
-            elif isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
-                module.dropout.p = run.model_config.ffn_dropout if on else 0.0  # the FFN's hidden units
-
-    return set_inner_dropout
-
-
-@contextmanager
-def trained_with_torch_layers(model_class: type[Transformer] | None = None) -> Iterator[None]:
-    """While inside, the trainer builds model_class (TorchLayers by default) and switches PyTorch's inner dropout."""
-    saved, switch = trainer_module.Transformer, trainer_module.Trainer.set_inner_dropout
-    trainer_module.Transformer = TorchLayers if model_class is None else model_class
-    trainer_module.Trainer.set_inner_dropout = _torch_inner_dropout(switch)
-    try:
-        yield
-    finally:
-        trainer_module.Transformer, trainer_module.Trainer.set_inner_dropout = saved, switch
-
-
 def rewrite_in_our_layout(out: Path) -> None:
     """model.pt of a TorchLayers run -> model_torch_layers.pt, and model.pt holding the same weights in our layout."""
     ckpt = load_checkpoint(out / "model.pt")
@@ -153,8 +121,7 @@ def main() -> None:
             parser.error("give --out, the run folder")
         args.out = Path(tempfile.mkdtemp()) / "run"
     if args.layers == "torch":
-        with trained_with_torch_layers():
-            result = train(config, args.out)
+        result = train(config, args.out, model_factory=TorchLayers)
         rewrite_in_our_layout(args.out)
     elif args.layers == "ours-torch-init":
         result = train(replace(config, attention_init="packed"), args.out)

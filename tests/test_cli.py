@@ -201,3 +201,14 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys, monkeypatch):
         main(["train", "--preset", "tiny", "--resume", "--out", str(tmp_path / "empty"), "--quiet"])
     err = capsys.readouterr().err
     assert f"--resume: {tmp_path / 'empty'} holds no last.pt to resume, so this starts a new run there" in err
+
+
+def test_translate_prints_into_a_text_stream_without_bytes_underneath(workdir, monkeypatch):
+    """A notebook's sys.stdout takes text and has no .buffer: the translations reach it all the same."""
+    import io
+
+    out = io.StringIO()
+    assert not hasattr(out, "buffer")
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["translate", "-c", str(workdir / "model.pt"), "--beam", "2", "--quiet", *SENTENCES]) == EXIT_OK
+    assert out.getvalue().split("\n") == [*translations(workdir, SENTENCES, 2), ""]

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import transformer_lib.trainer as trainer_module
 from transformer_lib.config import TrainConfig
 from transformer_lib.data import load_multi30k
 from transformer_lib.decoder_only import (
@@ -28,7 +27,6 @@ from transformer_lib.translate import bleu
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from decoder_only_same_recipe import trainer_builds  # noqa: E402
 
 V, PAD, BOS, EOS = 40, 0, 1, 2
 SRC = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
@@ -180,14 +178,12 @@ def test_translate_sentences_keeps_empty_lines_and_refuses_a_bare_string(small_t
         translate_sentences(model, tokenizer, ["Hund " * 80], beam_size=1)
 
 
-def test_the_books_trainer_trains_it_and_gets_its_model_class_back(tmp_path, small_tokenizer):
+def test_the_books_trainer_trains_it_from_its_factory(tmp_path, small_tokenizer):
     tokenizer = BPETokenizer.load(small_tokenizer)
     config = TrainConfig.from_preset("tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
                                      d_ff=64, train_subset=200, max_tokens=400, warmup=10, max_steps=4,
                                      max_minutes=None, log_every=1, average_last=1, device="cpu", amp="off")
-    with trainer_builds(DecoderOnlyTranslator):
-        result = train(config, tmp_path / "run", progress=False, tokenizer=tokenizer)
-    assert trainer_module.Transformer is Transformer
+    result = train(config, tmp_path / "run", progress=False, tokenizer=tokenizer, model_factory=DecoderOnlyTranslator)
     assert isinstance(result.model, DecoderOnlyTranslator) and result.model.n_layers == 3
     losses = [r["loss"] for r in result.history if r["kind"] == "train"]
     assert len(losses) == 4 and losses[-1] < losses[0]

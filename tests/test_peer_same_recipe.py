@@ -18,10 +18,9 @@ from transformer_lib.loop import train
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
 from transformer_lib.tokenizer import BPETokenizer
-import transformer_lib.trainer as trainer_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from peer_same_recipe import TorchLayers, rewrite_in_our_layout, trained_with_torch_layers  # noqa: E402
+from peer_same_recipe import TorchLayers, rewrite_in_our_layout  # noqa: E402
 
 SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=1, d_ff=64, dropout=0.1, train_subset=200,
              max_tokens=400, warmup=10, max_steps=3, log_every=1, average_last=1, seed=5, device="cpu", amp="off",
@@ -53,11 +52,8 @@ def test_the_peer_computes_our_models_loss_from_the_same_weights(norm_first):
 def test_the_trainer_trains_the_peer_and_gets_its_own_names_back(tmp_path):
     pairs = load_multi30k("train")[:200]
     tokenizer = BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=350)
-    model_class, switch = trainer_module.Transformer, trainer_module.Trainer.set_inner_dropout
-    with trained_with_torch_layers():
-        result = train(TrainConfig.from_preset("tiny", **SMALL), tmp_path / "run", progress=False,
-                       tokenizer=tokenizer)
-    assert trainer_module.Transformer is model_class and trainer_module.Trainer.set_inner_dropout is switch
+    result = train(TrainConfig.from_preset("tiny", **SMALL), tmp_path / "run", progress=False, tokenizer=tokenizer,
+                   model_factory=TorchLayers)
     peer = result.model
     assert isinstance(peer, TorchLayers)
     steps = [r for r in result.history if r["kind"] == "train"]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from transformer_lib import distributed, loop, runtime, trainer
+from transformer_lib.model import Transformer
 from transformer_lib.data import load_multi30k
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
@@ -251,7 +252,7 @@ def test_pairs_left_out_are_counted_and_long_validation_pairs_never_reach_the_mo
 def test_old_snapshots_go_only_after_the_new_last_pt(tmp_path, tokenizer, monkeypatch):
     events = []
     save = trainer.save_checkpoint
-    for module in (trainer, loop):  # the trainer writes last.pt, the loop the weights kept for averaging
+    for module in (trainer,):  # the trainer writes last.pt and the weights kept for averaging
         monkeypatch.setattr(module, "save_checkpoint", lambda obj, path: (events.append(("save", Path(path).name)),
                                                                           save(obj, path))[1])
     unlink = Path.unlink
@@ -269,7 +270,7 @@ def test_old_snapshots_go_only_after_the_new_last_pt(tmp_path, tokenizer, monkey
 def test_validation_points_by_steps_with_last_pt_on_its_own_cadence(tmp_path, tokenizer, monkeypatch):
     saved = []
     save = trainer.save_checkpoint
-    for module in (trainer, loop):  # the trainer writes last.pt, the loop the weights kept for averaging
+    for module in (trainer,):  # the trainer writes last.pt and the weights kept for averaging
         monkeypatch.setattr(module, "save_checkpoint", lambda obj, path: (saved.append((Path(path).name, obj["step"])),
                                                                           save(obj, path))[1])
     config = TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2, "epochs": 2}, eval_every=3,
@@ -341,7 +342,7 @@ def test_float16_loss_scaling_skips_a_step_whose_gradients_overflow(tmp_path, to
     train(config, tmp_path / "one", progress=False, tokenizer=tokenizer)
     state = load_checkpoint(tmp_path / "one" / "last.pt")
     torch.manual_seed(config.seed)
-    initial = trainer.Transformer(config.model_config(tokenizer.vocab_size)).state_dict()
+    initial = Transformer(config.model_config(tokenizer.vocab_size)).state_dict()
     assert _same(state["model"], initial)  # the step was skipped
     assert state["scaler"]["scale"] == 2.0**15  # 2^16 halved
     calls.clear()

@@ -9,12 +9,13 @@ __all__ = ['EXIT_OK', 'EXIT_INPUT', 'EXIT_USAGE', 'EXIT_INTERRUPTED', 'CommandEr
 
 # %% ../book/appendix_b_command_line.ipynb #248544fa
 import argparse
+import io
 import os
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 import torch
 
@@ -46,10 +47,13 @@ def read_file(path: str | Path) -> list[str]:
         raise CommandError(f"cannot read {path}: {err.strerror or err}") from None
 
 
-def write_lines(lines: Sequence[str], out: BinaryIO) -> None:
-    """Write one line per entry as UTF-8; line breaks inside an entry become spaces, so lines stay aligned."""
+def write_lines(lines: Sequence[str], out: BinaryIO | TextIO) -> None:
+    """Write one line per entry, as UTF-8 to a binary stream; line breaks inside an entry become spaces, so lines
+    stay aligned. A text stream (a notebook's output, which has no bytes underneath) takes the text itself."""
+    text = isinstance(out, io.TextIOBase)
     for line in lines:
-        out.write((" ".join(line.splitlines()) + "\n").encode("utf-8"))
+        row = " ".join(line.splitlines()) + "\n"
+        out.write(row if text else row.encode("utf-8"))
     out.flush()
 
 # %% ../book/appendix_b_command_line.ipynb #5f412437
@@ -303,7 +307,7 @@ def run_translate(args: argparse.Namespace) -> int:
         with open(args.output, "wb") as f:
             write_lines(translations, f)
     else:
-        write_lines(translations, sys.stdout.buffer)
+        write_lines(translations, getattr(sys.stdout, "buffer", sys.stdout))  # a notebook's has no buffer
     return EXIT_OK
 
 # %% ../book/appendix_b_command_line.ipynb #04d097d3

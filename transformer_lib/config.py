@@ -46,6 +46,7 @@ class TrainConfig(ModelSettings):
     train_subset: int | None = None  # train on the first N pairs only
     max_len: int = 100  # drop training pairs with a side longer than this many tokens
     max_tokens: int = 4000  # padded tokens per batch, on each side (Sec 5.1); per process and micro-batch
+    length_bucket: int | None = None  # batches in a few fixed shapes, pairs grouped by length rounded up to this
     accum_steps: int = 1  # micro-batches whose gradients add up to one optimiser step
     # your own parallel corpus instead of Multi30k (all four files or none): UTF-8, one sentence a line
     train_src: str | None = None
@@ -87,7 +88,6 @@ class TrainConfig(ModelSettings):
     def __post_init__(self) -> None:
         _check_train_config(self)  # the next cell: each field in its range, or a ValueError that names it
 
-
 # %% ../book/eng_configuration.ipynb #e0491563
 def _check_train_config(config: TrainConfig) -> None:
     """ValueError, naming the field, for a value out of its range; the corpus fields as plain strings."""
@@ -105,7 +105,7 @@ def _check_train_config(config: TrainConfig) -> None:
             raise ValueError(f"{name}={getattr(config, name)} must be at least 1")
     for name in ["train_subset", "max_steps", "max_minutes", "clip_grad_norm", "lr_factor", "threads",
                  "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "eval_epochs", "eval_minutes",
-                 "eval_every", "eps"]:
+                 "eval_every", "eps", "length_bucket"]:
         value = getattr(config, name)
         if value is not None and value <= 0:
             raise ValueError(f"{name}={value} must be positive" + ("" if name in ("lr_factor", "eps") else " or None"))

@@ -9,25 +9,26 @@ __all__ = ['TrainResult', 'train', 'plot_losses']
 import json
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
+from torch import nn
 
-from .checkpoints import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoints import CheckpointError, load_checkpoint
 from .checkpoints import check_corpus, check_data_order, check_model_config, check_optimisation
 from .config import CORPUS_FIELDS, TrainConfig, corpus_tokenizer, directed, read_corpus
 from .data import load_multi30k
 from .distributed import Processes, start_processes
 from .model import Transformer, TransformerConfig
-from .recipe import average_weights, encode_pairs, padding_fraction
+from .recipe import encode_pairs
 from .runtime import check_runtime, keep_freed_memory
 from .tokenizer import BPETokenizer, multi30k_tokenizer
-from .trainer import Trainer, TrainingError, snapshot_paths, write_metrics
+from .trainer import Trainer, write_metrics
+from .training_step import TrainingError
 
 # %% ../book/eng_training_runs.ipynb #074cd5a0
 @dataclass
@@ -63,153 +64,7 @@ def _stop_on_signals() -> Iterator[list[int]]:
         for s, h in previous.items():
             signal.signal(s, h)
 
-# %% ../book/eng_training_runs.ipynb #a754972a
-def _end_epoch(run: Trainer) -> None:
-    """The next epoch; with points by epoch, a validation point and last.pt first."""
-    run.epoch, run.position = run.epoch + 1, 0
-    if run.config.points_by_epoch:
-        _point(run)
-        run.checkpoint()
-
-
-def _point(run: Trainer) -> None:
-    """A validation point: validate, log the losses since the last point, keep the weights for averaging."""
-    loss_e, nll_e, tokens_e = run.summed(1)
-    run.sums[1].zero_()
-    run.last_point = run.minutes()
-    if not run.procs.main:
-        return
-    with run.timed("validation"):
-        val = run.validate()
-    epoch = run.epoch + 1 if run.position else run.epoch
-    run.log({"kind": "val", "epoch": epoch, "step": run.step, "train_loss": loss_e / tokens_e,
-              "train_nll": nll_e / tokens_e, "val_loss": val["loss"], "val_nll": val["nll"],
-              "val_ppl": val["ppl"], "minutes": run.minutes()})
-    if run.progress:
-        tqdm.write(f"epoch {epoch}: step {run.step}, train loss {loss_e / tokens_e:.3f}, val loss "
-                   f"{val['loss']:.3f}, val ppl {val['ppl']:.2f}, {run.minutes():.1f} min")
-    if run.config.average_last > 1:  # the weights alone: the optimiser's moments wait for last.pt
-        with run.timed("saving"):
-            save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "weights", "model": run.model.state_dict(),
-                             "epoch": epoch, "step": run.step}, run.out / f"average{run.step:07d}.pt")
-
-
-def _keep_snapshot(run: Trainer) -> None:
-    """After each snapshot_minutes of training, keep the weights as snapshotNNN.pt, with the minutes and step."""
-    k = int(run.minutes() // run.config.snapshot_minutes)
-    path = run.out / f"snapshot{k:03d}.pt"
-    if k >= 1 and not path.exists():
-        with run.timed("saving"):
-            save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "weights", "model": run.model.state_dict(),
-                         "epoch": run.epoch, "step": run.step, "minutes": run.minutes()}, path)
-
-
-def _validate_end(run: Trainer) -> None:
-    """Validate where the run stopped, unless an epoch's end just did."""
-    if not any(r["kind"] == "val" and r["step"] == run.step for r in run.history):
-        with run.timed("validation"):
-            val = run.validate()  # the run stopped between validation points
-        run.log({"kind": "val", "epoch": run.epoch + 1 if run.position else run.epoch,
-                  "partial": run.position > 0, "step": run.step, "val_loss": val["loss"], "val_nll": val["nll"],
-                  "val_ppl": val["ppl"], "minutes": run.minutes()})
-
-# %% ../book/eng_training_runs.ipynb #f2d4d336
-def _finish(run: Trainer) -> None:
-    """Write model.pt: the average of the last average_last snapshots if it validates better, else the last weights."""
-    history, out = run.history, run.out
-    with run.timed("averaging"):
-        kept = snapshot_paths(out, run.step) if run.config.average_last > 1 else []
-        snapshots = [load_checkpoint(p)["model"] for _, p in kept]
-        if not kept or kept[-1][0] != run.step:  # the newest weights too
-            snapshots.append({k: v.detach().cpu() for k, v in run.model.state_dict().items()})
-        snapshots = snapshots[-run.config.average_last:]
-        averaged = len(snapshots)
-        if averaged > 1:
-            last_weights = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
-            last_val = next(r for r in reversed(history) if r["kind"] == "val")["val_loss"]
-            run.model.load_state_dict(average_weights(snapshots))
-            val = run.validate()
-            run.log({"kind": "averaged", "epoch": history[-1]["epoch"], "step": run.step,
-                      "checkpoints": averaged, "val_loss": val["loss"], "val_nll": val["nll"],
-                      "val_ppl": val["ppl"], "kept": val["loss"] < last_val})
-            if val["loss"] >= last_val:  # the snapshots are still too far apart to average: keep the last weights
-                run.model.load_state_dict(last_weights)
-                averaged = 1
-    run.log_overhead()
-    save_checkpoint({
-        "format": CHECKPOINT_FORMAT, "kind": "model", "model": run.model.state_dict(),
-        "tokenizer": run.tokenizer.to_dict(), "model_config": run.model_config.to_dict(),
-        "train_config": run.config.to_dict(), "step": run.step, "epoch": run.epoch, "averaged": averaged,
-        "history": history,
-    }, out / "model.pt")
-
-# %% ../book/eng_training_runs.ipynb #59707415
-def _loop(run: Trainer, signalled: list[int]) -> None:
-    """Steps until the epochs or the budget run out, with validation points and checkpoints at epoch ends or on
-    their own timers, and a checkpoint on signals."""
-    config, procs = run.config, run.procs
-    batches = run.batches()
-    decision = run.agree(signalled[0], len(batches))
-    run.set_inner_dropout(decision["progress"])
-    stopped = decision["stop"]
-    if run.progress:
-        precision = "float32" if run.amp is None else f"{str(run.amp).replace('torch.', '')} autocast"
-        tqdm.write(f"{sum(p.numel() for p in run.model.parameters()) / 1e6:.1f}M parameters on {run.device} "
-                   f"({precision}) x {procs.world_size} process(es); {len(run.train_src)} training pairs in "
-                   f"{len(batches) // run.per_step} steps per epoch "
-                   f"({padding_fraction(batches, run.src_lens, run.tgt_lens):.0%} padding)"
-                   + _left_out(run.history[0], config.max_len)
-                   + (f"; resuming at step {run.step}" if run.step else ""))
-    run.started = run.last_save = window_start = time.perf_counter()
-    run.overhead["start_up"] = run.started - run.t0  # data, tokenizer, model, process group
-    window_tokens, first = 0, True
-    while run.epoch < config.epochs and not stopped:
-        batches = run.batches()
-        bar = tqdm(total=len(batches) // run.per_step, initial=run.position // run.per_step, unit="step",
-                   desc=f"epoch {run.epoch + 1}", leave=False, disable=not run.progress, dynamic_ncols=True)
-        run.model.train()
-        while run.position < len(batches) and not stopped:
-            with run.timed("first_step") if first else nullcontext():  # with torch.compile: the compilation
-                sums, n_tokens = run.train_step(batches)
-            first = False
-            decision = run.agree(signalled[0], len(batches))
-            if config.cooldown > 0:
-                run.schedule.progress = decision["progress"]  # the rate of the next step depends on it
-            run.set_inner_dropout(decision["progress"])
-            run.schedule.step()
-            run.sums += sums
-            if procs.main and config.snapshot_minutes is not None:
-                _keep_snapshot(run)
-            window_tokens += n_tokens
-            bar.update()
-            if run.step % config.log_every == 0:
-                run.log_window(window_tokens, window_start, bar)
-                window_start, window_tokens = time.perf_counter(), 0
-            stopped = decision["stop"] or decision["signal"]
-            if decision["point"]:
-                _point(run)
-            if decision["signal"] or (decision["save"] and (run.position < len(batches)
-                                                             or not config.points_by_epoch)):
-                run.checkpoint()
-        bar.close()
-        if decision["signal"]:
-            raise KeyboardInterrupt(f"stopped by a signal at step {run.step}; last.pt holds the run, resume it")
-        if run.position >= len(batches):
-            _end_epoch(run)
-    if procs.main:
-        _validate_end(run)
-    run.checkpoint()
-
 # %% ../book/eng_training_runs.ipynb #5d2a7dfd
-def _left_out(setup: dict[str, Any], max_len: int) -> str:
-    """"; N training pairs over max_len and M validation pairs over the positions left out", or "" for none."""
-    dropped, val_dropped = setup.get("dropped", 0), setup.get("val_dropped", 0)
-    if not dropped and not val_dropped:
-        return ""
-    return (f"; left out: {dropped} training pair(s) with a side over max_len={max_len} tokens, {val_dropped} "
-            "validation pair(s) longer than the model's positions")
-
-
 def _prepare(config: TrainConfig, out: Path, resume: bool, data_dir: str | Path | None,
              tokenizer: BPETokenizer | None, procs: Processes,
              corpus: tuple | None = None) -> tuple[dict[str, Any] | None, BPETokenizer, tuple, tuple[int, int]]:
@@ -266,17 +121,20 @@ def train(
     data_dir: str | Path | None = None,
     progress: bool = True,
     tokenizer: BPETokenizer | None = None,
+    model_factory: Callable[[TransformerConfig], nn.Module] = Transformer,
 ) -> TrainResult:
-    """Train a Transformer on Multi30k (or on config's corpus files) as config says; checkpoints, metrics.jsonl
-    and model.pt go to out_dir.
+    """Train a Transformer (or model_factory's model) on Multi30k (or on config's corpus files) as config says;
+    checkpoints, metrics.jsonl and model.pt go to out_dir.
 
-    Started by torchrun, it trains data-parallel: one process per device, rank 0 writing the files.
+    Started by torchrun, it trains data-parallel: one process per device, rank 0 writing the files. The process's
+    thread count and TF32 setting are the run's while it trains, and come back as they were after it.
     """
     corpus = read_corpus(config)  # bad corpus files stop the run here, before any work
     if corpus is not None:
         config = replace(config, corpus_sha256=corpus[2])
     t0 = time.perf_counter()
     procs = start_processes(config.device)
+    threads, tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
     try:
         check_runtime(procs.device, config.amp, config.compile)
         if procs.device.type == "cpu":
@@ -287,7 +145,7 @@ def train(
             torch.set_num_threads(config.threads)
         state, tokenizer, data, n_pairs = _prepare(config, Path(out_dir), resume, data_dir, tokenizer, procs,
                                                   corpus)
-        run = Trainer(config, Path(out_dir), tokenizer, procs, data, progress and procs.main, t0)
+        run = Trainer(config, Path(out_dir), tokenizer, procs, data, progress and procs.main, t0, model_factory)
         if state is None:
             run.history.append({"kind": "setup", "parameters": sum(p.numel() for p in run.model.parameters()),
                                 "train_pairs": len(data[0]), "dropped": n_pairs[0] - len(data[0]),
@@ -302,13 +160,15 @@ def train(
         if procs.main:
             write_metrics(run.out / "metrics.jsonl", run.history, mode="w")
         with _stop_on_signals() as signalled:
-            _loop(run, signalled)
+            run.fit(signalled)
         if procs.main:  # averaging: no collective follows, so the other processes end without waiting for it
-            _finish(run)
+            run.finish()
         run.model.eval()
         return TrainResult(run.model, tokenizer, run.history, run.out)
     finally:
         procs.close()
+        torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 # %% ../book/eng_training_runs.ipynb #3231b2ad
 def plot_losses(metrics_path: str | Path, ax: Any = None) -> Any:

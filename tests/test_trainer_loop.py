@@ -1,0 +1,256 @@
+"""The trainer's loop leaves the device alone: no host read of a tensor in a step, no walk over the model's modules,
+checkpoints written beside the steps and complete when a run stops, any model from a factory, the weights kept for
+averaging in memory equal to those on disk, and a data-parallel run that averages as one process does."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import transformer_lib
+from transformer_lib.attention import MultiHeadAttention
+from transformer_lib.checkpoints import load_checkpoint
+from transformer_lib.config import TrainConfig
+from transformer_lib.data import load_multi30k
+from transformer_lib.distributed import start_processes
+from transformer_lib.layers import PositionwiseFeedForward
+from transformer_lib.loop import train
+from transformer_lib.model import Transformer
+from transformer_lib.recipe import average_weights
+from transformer_lib.tokenizer import BPETokenizer
+from transformer_lib.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = str(Path(transformer_lib.__file__).parent)
+SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1, train_subset=200,
+             max_tokens=400, warmup=10, epochs=3, log_every=1, average_last=1, seed=5, device="cpu", amp="off")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pairs = load_multi30k("train")[:200]
+    return BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=350)
+
+
+class HostReads(TorchFunctionMode):
+    """Counts .item(), .tolist() and .cpu() called from the library's own code (on a GPU each one waits for it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("item", "tolist", "cpu"):
+            caller = traceback.extract_stack()[-2]  # the frame that called it: a read in torch's own code is not ours
+            if caller.filename.startswith(LIBRARY):
+                self.calls.append(f"{Path(caller.filename).name}:{caller.lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def _trainer(config: TrainConfig, tokenizer: BPETokenizer, out: Path, **kwargs) -> Trainer:
+    pairs = load_multi30k("train")[:200]
+    src = [tokenizer.encode(de) for de, _ in pairs]
+    tgt = [tokenizer.encode(en) for _, en in pairs]
+    return Trainer(config, out, tokenizer, start_processes("cpu"), (src, tgt, src[:20], tgt[:20]), progress=False,
+                   **kwargs)
+
+
+def test_a_step_reads_nothing_back_and_walks_no_modules_only_a_record_reads(tmp_path, tokenizer, monkeypatch):
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "inner_dropout_from": 0.5, "max_steps": 6})
+    run = _trainer(config, tokenizer, tmp_path)
+    batches = run.batches()
+    walks = []
+    original = nn.Module.modules
+    monkeypatch.setattr(nn.Module, "modules", lambda self: walks.append(1) or original(self))
+    with HostReads() as reads:
+        for _ in range(6):  # the loop's work between records: the step, the agreement, the schedule, the dropout
+            sums, _ = run.train_step(batches)
+            decision = run.agree(0, len(batches))
+            run.schedule.progress = decision["progress"]
+            run.set_inner_dropout(decision["progress"])
+            run.schedule.step()
+            run.sums += sums
+    assert reads.calls == [] and walks == []
+    assert run.inner_on  # switched on halfway through the budget, without a walk
+    with HostReads() as reads:
+        run.summed(0)  # a record: the one place the host reads the sums
+    assert len(reads.calls) == 1 and reads.calls[0].startswith("trainer.py")
+
+
+def test_inner_dropout_sites_are_found_once_in_ours_and_in_pytorchs_layers():
+    config = TrainConfig.from_preset("tiny", **SMALL).model_config(300)
+    ours = Transformer(config)
+    from transformer_lib.training_step import inner_dropout_sites
+
+    sites = inner_dropout_sites(ours, config)
+    attention = [m for m in ours.modules() if isinstance(m, MultiHeadAttention)]
+    ffn = [m for m in ours.modules() if isinstance(m, PositionwiseFeedForward)]
+    assert len(sites) == len(attention) + len(ffn) == 3 + 2  # 1 encoder layer: 1 + 1; 1 decoder layer: 2 + 1
+    torch_layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.1, batch_first=True)
+    assert {(type(obj), name) for obj, name, _ in inner_dropout_sites(torch_layer, config)} == {
+        (nn.MultiheadAttention, "dropout"), (nn.Dropout, "p")}
+
+
+def test_the_trainer_builds_the_model_its_factory_gives(tmp_path, tokenizer):
+    built = []
+
+    def factory(config):
+        built.append(config)
+        return Transformer(config)
+
+    result = train(TrainConfig.from_preset("tiny", **SMALL, max_steps=2), tmp_path, progress=False,
+                   tokenizer=tokenizer, model_factory=factory)
+    assert len(built) == 1 and built[0].d_model == 32 and result.history[-1]["step"] == 2
+
+
+def test_kept_weights_in_memory_equal_the_files_and_the_average_is_theirs(tmp_path, tokenizer):
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 3}, eval_every=2, max_steps=8)
+    run = _trainer(config, tokenizer, tmp_path)
+    run.history.append({"kind": "setup"})
+    run.fit([0])
+    on_disk = {int(p.stem[len("average"):]): load_checkpoint(p)["model"] for p in tmp_path.glob("average*.pt")}
+    assert [k for k, _ in run.kept] == sorted(on_disk) == [4, 6, 8]
+    for k, weights in run.kept:
+        assert all(torch.equal(weights[name], on_disk[k][name]) for name in weights)
+    expected = average_weights([on_disk[k] for k in (4, 6, 8)])  # the average read back from the files
+    run.finish()
+    model = load_checkpoint(tmp_path / "model.pt")
+    averaged = [r for r in run.history if r["kind"] == "averaged"][-1]
+    chosen = expected if averaged["kept"] else load_checkpoint(tmp_path / "last.pt")["model"]
+    assert all(torch.equal(model["model"][name], chosen[name]) for name in chosen)
+
+
+def test_a_resumed_run_takes_the_kept_weights_back_from_disk(tmp_path, tokenizer):
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 3}, eval_every=2, max_steps=6)
+    train(config, tmp_path, progress=False, tokenizer=tokenizer)
+    state = load_checkpoint(tmp_path / "last.pt")
+    run = _trainer(TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 3}, eval_every=2, max_steps=8),
+                   tokenizer, tmp_path)
+    run.restore(state)
+    assert [k for k, _ in run.kept] == [2, 4, 6]
+    assert all(torch.equal(run.kept[-1][1][name], state["model"][name]) for name in state["model"])
+
+
+def test_a_write_that_fails_stops_the_run_with_its_error(tmp_path, tokenizer, monkeypatch):
+    import transformer_lib.trainer as trainer
+
+    def failing(obj, path):
+        raise OSError(f"disk full writing {Path(path).name}")
+
+    monkeypatch.setattr(trainer, "save_checkpoint", failing)
+    with pytest.raises(OSError, match="disk full writing last.pt"):
+        train(TrainConfig.from_preset("tiny", **SMALL, max_steps=2), tmp_path, progress=False, tokenizer=tokenizer)
+
+
+# ---------------------------------------------------------------- data-parallel, with averaging
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    torch.set_default_dtype(torch.float64)
+    from transformer_lib.config import TrainConfig
+    from transformer_lib.loop import train
+    from transformer_lib.tokenizer import BPETokenizer
+    train(TrainConfig.from_preset("tiny", **json.loads(sys.argv[3])), sys.argv[1], progress=False,
+          tokenizer=BPETokenizer.load(sys.argv[2]))
+    """
+)
+DDP = dict(SMALL, dropout=0.0, train_subset=300, average_last=3, eval_every=2, max_steps=8, threads=1)
+
+
+def test_two_processes_keep_and_average_the_weights_as_one_process_accumulating_two(tmp_path, small_tokenizer):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path / "ddp"), str(small_tokenizer), json.dumps(DDP)],
+                          env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # as in the workers: reordered sums differ by ~1e-13, not ~1e-5
+    try:
+        one = train(TrainConfig.from_preset("tiny", **{**DDP, "accum_steps": 2}), tmp_path / "one", progress=False,
+                    tokenizer=BPETokenizer.load(small_tokenizer))
+    finally:
+        torch.set_default_dtype(previous)
+    two = load_checkpoint(tmp_path / "ddp" / "model.pt")
+    kinds = [[r for r in h if r["kind"] == "averaged"] for h in (one.history, two["history"])]
+    assert kinds[0] and kinds[1] and kinds[0][0]["checkpoints"] == kinds[1][0]["checkpoints"] == 3
+    assert kinds[0][0]["kept"] == kinds[1][0]["kept"]
+    assert sorted(p.name for p in (tmp_path / "ddp").glob("average*.pt")) == [
+        "average0000004.pt", "average0000006.pt", "average0000008.pt"]
+    ours = load_checkpoint(tmp_path / "one" / "model.pt")["model"]
+    for name, tensor in ours.items():
+        assert torch.allclose(tensor, two["model"][name], atol=1e-9), name
+
+
+# ---------------------------------------------------------------- batches of few shapes
+
+
+def test_an_epoch_of_the_gpu_presets_data_in_fixed_shapes(tmp_path):
+    """The gpu preset's batching (its max_tokens, the full corpus) with length_bucket=8: every pair once an epoch,
+    and as many shapes as there are groups of length, counted here from the lengths alone."""
+    from transformer_lib.recipe import encode_pairs
+    from transformer_lib.tokenizer import multi30k_tokenizer
+
+    config = TrainConfig.from_preset("gpu", length_bucket=8)
+    tokenizer = multi30k_tokenizer(config.vocab_size)
+    src, tgt = encode_pairs(load_multi30k("train"), tokenizer, config.max_len)
+    small = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, device="cpu", amp="off")
+    run = Trainer(TrainConfig.from_preset("gpu", length_bucket=8, **small), tmp_path, tokenizer,
+                  start_processes("cpu"), (src, tgt, src[:5], tgt[:5]), progress=False)
+    groups = {-(-max(len(s) + 1, len(t) + 1) // 8) for s, t in zip(src, tgt)}
+    shapes = set()
+    for epoch in range(2):
+        run.epoch = epoch
+        batches = run.batches()
+        seen = sorted(i for idx in batches for i in idx if i >= 0)
+        assert seen == list(range(len(src)))  # every pair once (the corpus fills whole steps: one process)
+        for position in range(len(batches)):
+            batch = run.step_batches(batches, position)[0]
+            shapes.add((tuple(batch.src.shape), tuple(batch.tgt_in.shape)))
+    assert len(shapes) == len(groups) <= 13
+    run.config = TrainConfig.from_preset("gpu", **small)
+    free = {(len(b), max(len(src[i]) for i in b), max(len(tgt[i]) for i in b)) for b in run.batches()}
+    assert len(free) > 2 * len(groups)  # today's batching: nearly one shape a batch
+
+
+def test_fixed_shapes_leave_the_loss_per_real_token_unchanged(tmp_path, tokenizer):
+    """The same pairs, the same weights, no dropout, float64: the summed loss, log-likelihood and token counts over
+    an epoch are those of chapter 11's batches; empty rows and extra padding add nothing."""
+    from transformer_lib.attention import rows_have_keys
+    from transformer_lib.recipe import LabelSmoothingLoss, batch_loss
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        totals = []
+        for bucket in (None, 8):
+            config = TrainConfig.from_preset("tiny", **{**SMALL, "dropout": 0.0}, length_bucket=bucket)
+            run = _trainer(config, tokenizer, tmp_path)
+            run.model.eval()
+            criterion = LabelSmoothingLoss(tokenizer.vocab_size, tokenizer.pad_id, 0.1, reduction="sum")
+            loss = nll = tokens = 0.0
+            batches = run.batches()
+            with torch.no_grad(), rows_have_keys():
+                for position in range(len(batches)):
+                    batch = run.step_batches(batches, position)[0]
+                    a, b = batch_loss(run.model, batch, criterion)
+                    loss, nll, tokens = loss + float(a), nll + float(b), tokens + batch.n_tgt_tokens
+            totals.append((loss, nll, tokens, len({len(b) for b in batches})))
+    finally:
+        torch.set_default_dtype(previous)
+    (loss0, nll0, tokens0, _), (loss8, nll8, tokens8, rows8) = totals
+    assert tokens8 == tokens0 == sum(len(t) + 1 for t in _trainer(config, tokenizer, tmp_path).train_tgt)
+    # the generator's log-softmax runs in float32: sums in another order agree to ~1e-8; one more label would
+    # move them by ~1e-4
+    assert loss8 == pytest.approx(loss0, rel=1e-6) and nll8 == pytest.approx(nll0, rel=1e-6)
+    assert rows8 <= 10  # one row count per group
