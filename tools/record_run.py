@@ -38,7 +38,7 @@ from transformer_lib.data import load_multi30k  # noqa: E402
 from transformer_lib.recipe import encode_pairs, token_batches  # noqa: E402
 from transformer_lib.runtime import peak_flops, training_flops  # noqa: E402
 from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
-from transformer_lib.trainer import OVERHEAD_PARTS  # noqa: E402
+from transformer_lib.training_step import OVERHEAD_PARTS  # noqa: E402
 from transformer_lib.translate import Translator, evaluate_bleu, evaluate_checkpoint, learning_curve  # noqa: E402
 
 CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first", "d_ff", "dropout", "attention_dropout",
