@@ -1,8 +1,6 @@
 """A run that cannot go wrong quietly: a resume that would change the optimisation is refused, non-finite settings
 and losses stop the run, and every error raised inside train() reaches the command line as one line, exit 2."""
 import math
-import warnings
-from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +8,6 @@ import torch
 from transformer_lib.checkpoints import OPTIMISATION_FIELDS, CheckpointError, load_checkpoint, save_checkpoint
 from transformer_lib.cli import main
 from transformer_lib.config import TrainConfig
-from transformer_lib.data import load_multi30k
 from transformer_lib.distributed import start_processes
 from transformer_lib.loop import train
 from transformer_lib.tokenizer import BPETokenizer
@@ -24,9 +21,8 @@ CHANGED = {"lr_factor": 2.0, "warmup": 20, "cooldown": 0.3, "betas": (0.8, 0.98)
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    pairs = load_multi30k("train")[:200]
-    return BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=350)
+def tokenizer(small_tokenizer):
+    return BPETokenizer.load(small_tokenizer)
 
 
 @pytest.fixture(scope="module")

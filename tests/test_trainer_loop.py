@@ -34,9 +34,8 @@ SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    pairs = load_multi30k("train")[:200]
-    return BPETokenizer.train([s for pair in pairs for s in pair], vocab_size=350)
+def tokenizer(small_tokenizer):
+    return BPETokenizer.load(small_tokenizer)
 
 
 class HostReads(TorchFunctionMode):
