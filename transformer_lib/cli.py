@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", metavar="FILE", help="score translations of this file (a sentence a line) ...")
     p.add_argument("--ref", metavar="FILE", help="... against the references in this file (as many lines)")
     add_decoding_options(p)
-    p.add_argument("--data-dir", metavar="DIR", default=None, help="folder with the Multi30k files")
+    p.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="folder with the Multi30k files (default: $TRANSFORMER_LIB_DATA, else download to "
+                        "the cache)")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the translations to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run_evaluate)
