@@ -56,8 +56,6 @@ PROPERTIES = [
     Property("11_training", "176c2bb2", "copy task: nll at step 400", "final_nll", "<", 0.35),
     Property("11_training", "a9478548", "copy task: exact match, last weights", "last_accuracy", ">=", 0.6),
     Property("11_training", "a9478548", "copy task: exact match, averaged weights", "averaged_accuracy", ">=", 0.93),
-    Property("11_training", "a9478548", "copy task: share of failures with a repeated symbol",
-             "repeats / max(len(failures), 1) if failures else 1.0", ">=", 0.5),
     Property("12_decoding", "0e9780f9", "toy language: loss at the end", "final_loss", "<", 0.6),
     Property("12_decoding", "a4162328", "toy language: largest error of the learned next-token probabilities",
              "max(abs(first[A] - 0.6), abs(first[B_WORD] - 0.4), *(abs(after_a[SYMBOLS[i]] - 0.25) for i in range(4)))",
