@@ -30,6 +30,8 @@ SETTINGS = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d
 # CPU's vector width; in float64 it moves it by ~1e-13, so a tolerance of 1e-9 separates reordering from a wrong
 # update (which moves weights by the learning rate, ~1e-3) on any machine.
 FLOAT64 = "torch.set_default_dtype(torch.float64)"
+# the weights of validation points kept and averaged at the end: every 4th step, the last 3 (rank 0 keeps them)
+AVERAGING = dict(average_last=3, eval_every=4)
 ATOL = 1e-9
 
 # Run on every rank by torchrun: train with SETTINGS and argv's overrides; "fail" makes rank 1 fail at step 3.
@@ -100,9 +102,9 @@ def float64():
 
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory, small_tokenizer):
-    """A 2-process run of 12 steps: its folder."""
+    """A 2-process run of 12 steps, averaging its last 3 validation points: its folder."""
     tmp = tmp_path_factory.mktemp("ddp")
-    _finish(_torchrun(tmp, 2, tmp / "run", "new", small_tokenizer))
+    _finish(_torchrun(tmp, 2, tmp / "run", "new", small_tokenizer, **AVERAGING))
     return tmp / "run"
 
 
@@ -122,10 +124,18 @@ def test_two_processes_compute_the_update_of_one_process(tmp_path, small_tokeniz
     two = load_checkpoint(two_process_run / "last.pt")
     assert two["world_size"] == 2 and two["step"] == 12
 
-    accum = train(TrainConfig.from_preset("tiny", **SETTINGS, accum_steps=2), tmp_path / "accum", progress=False,
-                  tokenizer=tokenizer)
+    accum = train(TrainConfig.from_preset("tiny", **{**SETTINGS, **AVERAGING}, accum_steps=2), tmp_path / "accum",
+                  progress=False, tokenizer=tokenizer)
     assert torch.allclose(_train_losses(tmp_path / "accum"), _train_losses(two_process_run), atol=ATOL)
     _assert_close_weights(load_checkpoint(tmp_path / "accum" / "last.pt")["model"], two["model"])
+    # rank 0 kept the same validation points and averaged them as the one process did
+    averaged = [[r for r in load_checkpoint(run / "model.pt")["history"] if r["kind"] == "averaged"]
+                for run in (tmp_path / "accum", two_process_run)]
+    assert len(averaged[0]) == len(averaged[1]) == 1 and averaged[0][0]["checkpoints"] == averaged[1][0]["checkpoints"] == 3
+    assert averaged[0][0]["kept"] == averaged[1][0]["kept"]
+    assert sorted(p.name for p in two_process_run.glob("average*.pt")) == [f"average{k:07d}.pt" for k in (4, 8, 12)]
+    _assert_close_weights(load_checkpoint(tmp_path / "accum" / "model.pt")["model"],
+                          load_checkpoint(two_process_run / "model.pt")["model"])
 
     # one process, one batch per step: the union of the two ranks' batches, padded together
     config = TrainConfig.from_preset("tiny", **SETTINGS)

@@ -1,11 +1,6 @@
 """The trainer's loop leaves the device alone: no host read of a tensor in a step, no walk over the model's modules,
 checkpoints written beside the steps and complete when a run stops, any model from a factory, the weights kept for
-averaging in memory equal to those on disk, and a data-parallel run that averages as one process does."""
-import json
-import os
-import subprocess
-import sys
-import textwrap
+averaging in memory equal to those on disk (a data-parallel run's averaging: tests/test_distributed.py)."""
 import traceback
 from pathlib import Path
 
@@ -146,49 +141,6 @@ def test_a_write_that_fails_stops_the_run_with_its_error(tmp_path, tokenizer, mo
     monkeypatch.setattr(trainer, "save_checkpoint", failing)
     with pytest.raises(OSError, match="disk full writing last.pt"):
         train(TrainConfig.from_preset("tiny", **SMALL, max_steps=2), tmp_path, progress=False, tokenizer=tokenizer)
-
-
-# ---------------------------------------------------------------- data-parallel, with averaging
-
-WORKER = textwrap.dedent(
-    """
-    import json, sys
-    import torch
-    torch.set_default_dtype(torch.float64)
-    from transformer_lib.config import TrainConfig
-    from transformer_lib.loop import train
-    from transformer_lib.tokenizer import BPETokenizer
-    train(TrainConfig.from_preset("tiny", **json.loads(sys.argv[3])), sys.argv[1], progress=False,
-          tokenizer=BPETokenizer.load(sys.argv[2]))
-    """
-)
-DDP = dict(SMALL, dropout=0.0, train_subset=300, average_last=3, eval_every=2, max_steps=8, threads=1)
-
-
-def test_two_processes_keep_and_average_the_weights_as_one_process_accumulating_two(tmp_path, small_tokenizer):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(tmp_path / "ddp"), str(small_tokenizer), json.dumps(DDP)],
-                          env=env, capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # as in the workers: reordered sums differ by ~1e-13, not ~1e-5
-    try:
-        one = train(TrainConfig.from_preset("tiny", **{**DDP, "accum_steps": 2}), tmp_path / "one", progress=False,
-                    tokenizer=BPETokenizer.load(small_tokenizer))
-    finally:
-        torch.set_default_dtype(previous)
-    two = load_checkpoint(tmp_path / "ddp" / "model.pt")
-    kinds = [[r for r in h if r["kind"] == "averaged"] for h in (one.history, two["history"])]
-    assert kinds[0] and kinds[1] and kinds[0][0]["checkpoints"] == kinds[1][0]["checkpoints"] == 3
-    assert kinds[0][0]["kept"] == kinds[1][0]["kept"]
-    assert sorted(p.name for p in (tmp_path / "ddp").glob("average*.pt")) == [
-        "average0000004.pt", "average0000006.pt", "average0000008.pt"]
-    ours = load_checkpoint(tmp_path / "one" / "model.pt")["model"]
-    for name, tensor in ours.items():
-        assert torch.allclose(tensor, two["model"][name], atol=1e-9), name
 
 
 # ---------------------------------------------------------------- batches of few shapes
