@@ -1,4 +1,4 @@
-"""A check of data, not of code: the reference runs in results/*.json have the fields chapter 13 reads, and their
+"""A check of data, not of code: the reference runs in results/*.json have the fields every run record has, and their
 numbers agree with each other (and with the presets that claim them). A failure here means a results file or a
 preset is wrong, not the library's code."""
 import json
