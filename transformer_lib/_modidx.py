@@ -635,6 +635,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                     'transformer_lib/training_step.py'),
                                                'transformer_lib.training_step.fixed_shape_batches': ( 'eng_training_step.html#fixed_shape_batches',
                                                                                                       'transformer_lib/training_step.py'),
+                                               'transformer_lib.training_step.group_length': ( 'eng_training_step.html#group_length',
+                                                                                               'transformer_lib/training_step.py'),
                                                'transformer_lib.training_step.inner_dropout_sites': ( 'eng_training_step.html#inner_dropout_sites',
                                                                                                       'transformer_lib/training_step.py'),
                                                'transformer_lib.training_step.validation_loss': ( 'eng_training_step.html#validation_loss',

@@ -31,10 +31,10 @@ def write_metrics(path: Path, records: Sequence[dict[str, Any]], mode: str = "a"
             f.write(json.dumps(record) + "\n")
 
 
-def snapshot_paths(out: Path, up_to_step: int | None = None) -> list[tuple[int, Path]]:
-    """(step, path) of the weights kept for averaging (averageSSSSSSS.pt), oldest first, up to a step if given."""
-    found = [(int(p.stem[len("average"):]), p) for p in out.glob("average*.pt") if p.stem[len("average"):].isdigit()]
-    return [(k, p) for k, p in sorted(found) if up_to_step is None or k <= up_to_step]
+def snapshot_paths(out: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the weights kept for averaging (averageSSSSSSS.pt), oldest first."""
+    steps = ((p.stem[len("average"):], p) for p in out.glob("average*.pt"))
+    return sorted((int(k), p) for k, p in steps if k.isdigit())
 
 # %% ../book/eng_trainer.ipynb #79e2644c
 class _Clock(TrainingStep):
@@ -345,11 +345,9 @@ class Trainer(_Checkpoints):
         k = int(self.minutes() // self.config.snapshot_minutes)
         path = self.out / f"snapshot{k:03d}.pt"
         if k >= 1 and not path.exists():
-            with self.timed("saving"):
-                self.write(save_checkpoint, {"format": CHECKPOINT_FORMAT, "kind": "weights", "epoch": self.epoch,
-                                             "model": _on_the_cpu(self.model.state_dict()), "step": self.step,
-                                             "minutes": self.minutes()}, path)
-                self.flush()  # the next step asks whether the file exists
+            with self.timed("saving"):  # rare (every few minutes), so written at once: the next step asks for the file
+                save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "weights", "model": self.model.state_dict(),
+                                 "epoch": self.epoch, "step": self.step, "minutes": self.minutes()}, path)
 
     def validate_end(self) -> None:
         """Validate where the run stopped, unless an epoch's end just did."""
@@ -364,7 +362,7 @@ class Trainer(_Checkpoints):
         """Write model.pt (rank 0): the average of the last average_last kept weights if it validates better,
         else the last weights."""
         with self.timed("averaging"):
-            snapshots = [weights for k, weights in self.kept if k <= self.step]
+            snapshots = [weights for _, weights in self.kept]
             if not self.kept or self.kept[-1][0] != self.step:  # the newest weights too
                 snapshots.append(_on_the_cpu(self.model.state_dict()))
             snapshots = snapshots[-self.config.average_last:]
