@@ -192,7 +192,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                  log_every=10, amp="off"),
     "cpu": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,
                 inner_dropout_from=0.5, max_tokens=2000, warmup=800, lr_factor=0.5, cooldown=0.4, epochs=1000,
-                max_minutes=60.0, average_last=5, snapshot_minutes=10.0),
+                max_minutes=60.0, average_last=5, snapshot_minutes=10.0, attention_init="packed"),
     # a budget in data, 30 epochs, capped at 10 minutes; a validation point every 2 epochs (the section below)
     "gpu": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1,
                 norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4, epochs=30, max_minutes=10.0,
