@@ -20,6 +20,7 @@ in model_torch_layers.pt.
 Usage (the two runs of chapter 13, started together so that they share the machine alike):
   python benchmarks/peer_same_recipe.py --layers torch --out runs/peer_torch --minutes 30 --threads 1
   python benchmarks/peer_same_recipe.py --layers ours  --out runs/peer_ours  --minutes 30 --threads 1
+(`--layers ours` draws each attention projection alone, `attention_init=xavier`, whatever the preset draws.)
 And the diagnostic of chapters 10 and 13: our layers with PyTorch's initialisation of attention (`attention_init=packed`), for the
 steps our run took (a budget in steps, which the machine's load cannot change):
   python benchmarks/peer_same_recipe.py --layers ours-torch-init --out runs/peer_ours_torch_init --steps 774 --threads 1
@@ -125,8 +126,8 @@ def main() -> None:
         rewrite_in_our_layout(args.out)
     elif args.layers == "ours-torch-init":
         result = train(replace(config, attention_init="packed"), args.out)
-    else:
-        result = train(config, args.out)
+    else:  # our layers with each projection drawn alone, as the records of chapter 13's pairs were trained
+        result = train(replace(config, attention_init="xavier"), args.out)
     params = sum(p.numel() for p in result.model.parameters())
     print(f"layers={args.layers} steps={result.history[-1].get('step')} parameters={params}")
 
