@@ -44,13 +44,11 @@ COLAB_NOTEBOOKS ?= book/13_translator.ipynb book/01_tokens.ipynb book/10_transfo
 colab: env
 	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) tools/colab_run.py --torch "$(TORCH_SPEC)" $(COLAB_NOTEBOOKS)
 
-# --no-compile: Python compiles the modules it imports on first import, instead of pip compiling every file ahead
-# (for torch, most of the install's time)
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --no-compile -r requirements.txt
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 

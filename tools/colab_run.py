@@ -58,9 +58,7 @@ def fresh_python(work: Path, torch_spec: str) -> Path:
     """A new virtual environment with torch and Colab's other preinstalled packages."""
     venv = work / "venv"
     run(sys.executable, "-m", "venv", venv)
-    # --no-compile: Python compiles the modules a notebook imports when it first imports them, instead of pip
-    # compiling every file of torch ahead (most of the install's time)
-    run(venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile", torch_spec, *COLAB_PACKAGES)
+    run(venv / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, *COLAB_PACKAGES)
     return venv
 
 
