@@ -25,7 +25,8 @@ def file_of(case: ET.Element) -> str:
     if ".ipynb" in name:  # nbval: "book.14_inside_the_translator.ipynb"
         folder, notebook = name.split(".", 1)
         return f"{folder}/{notebook}"
-    return name.split(".")[0] + "/" + ".".join(name.split(".")[1:2]) + ".py"  # "tests.test_x[.Class]"
+    folder, module = name.split(".")[:2]  # "tests.test_x" or "tests.test_x.Class"
+    return f"{folder}/{module}.py"
 
 
 def main() -> None:
