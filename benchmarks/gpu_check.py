@@ -184,7 +184,7 @@ def throughput(shape: dict, device: torch.device, batch, steps: int, quick: bool
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.positional import sinusoidal_encoding
     from transformer_lib.recipe import LabelSmoothingLoss
-    from transformer_lib.distributed import LossComputation
+    from transformer_lib.training_step import LossComputation
     from transformer_lib.runtime import training_flops
 
     B = batch.src.size(0)

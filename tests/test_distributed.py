@@ -16,7 +16,8 @@ from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, encode_pair
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
 from transformer_lib.config import TrainConfig
-from transformer_lib.distributed import LossComputation, step_shard
+from transformer_lib.distributed import step_shard
+from transformer_lib.training_step import LossComputation
 from transformer_lib.loop import train
 from transformer_lib.recipe import token_batches
 

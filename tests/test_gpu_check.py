@@ -73,7 +73,7 @@ def test_the_bare_step_counts_real_tokens_and_the_flops_torch_counts():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from transformer_lib.distributed import LossComputation
+    from transformer_lib.training_step import LossComputation
     from transformer_lib.model import Transformer, TransformerConfig
     from transformer_lib.recipe import LabelSmoothingLoss, make_batch
 

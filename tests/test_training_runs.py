@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_lib import distributed, loop, runtime, trainer
+from transformer_lib import loop, runtime, trainer, training_step
 from transformer_lib.model import Transformer
 from transformer_lib.data import load_multi30k
 from transformer_lib.tokenizer import BPETokenizer
@@ -329,7 +329,7 @@ def test_float16_loss_scaling_skips_a_step_whose_gradients_overflow(tmp_path, to
         check_runtime(torch.device("cpu"), "fp16")
     except UnsupportedSetting as err:
         pytest.skip(f"this PyTorch cannot run it on the CPU: {err}")
-    forward = distributed.LossComputation.forward
+    forward = training_step.LossComputation.forward
     calls = []
 
     def overflow_first(self, batch):
@@ -337,7 +337,7 @@ def test_float16_loss_scaling_skips_a_step_whose_gradients_overflow(tmp_path, to
         calls.append(1)
         return (loss * float("inf"), nll) if len(calls) == 1 else (loss, nll)
 
-    monkeypatch.setattr(distributed.LossComputation, "forward", overflow_first)
+    monkeypatch.setattr(training_step.LossComputation, "forward", overflow_first)
     config = TrainConfig.from_preset("tiny", **{**SMALL, "amp": "fp16"}, max_steps=1)
     train(config, tmp_path / "one", progress=False, tokenizer=tokenizer)
     state = load_checkpoint(tmp_path / "one" / "last.pt")

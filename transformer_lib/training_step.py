@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['OVERHEAD_PARTS', 'fixed_shape_batches', 'batch_shapes', 'fixed_shape_batch', 'TrainingError', 'inner_dropout_sites',
-           'TrainingStep', 'validation_loss']
+           'LossComputation', 'TrainingStep', 'validation_loss']
 
 # %% ../book/eng_training_step.ipynb #a7e1c0d4
 import math
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .attention import MultiHeadAttention, rows_have_keys
 from .config import TrainConfig
-from .distributed import LossComputation, Processes, step_shard
+from .distributed import Processes, step_shard
 from .layers import PositionwiseFeedForward
 from .model import Transformer, TransformerConfig
 from transformer_lib.recipe import (
@@ -103,6 +103,18 @@ def inner_dropout_sites(model: nn.Module, config: TransformerConfig) -> list[tup
         elif isinstance(module, (PositionwiseFeedForward, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
             sites.append((module.dropout, "p", config.ffn_dropout))  # on the feed-forward's hidden units
     return sites
+
+
+class LossComputation(nn.Module):
+    """The model and the loss as one module, so DistributedDataParallel sees the whole forward pass."""
+
+    def __init__(self, model: nn.Module, criterion: LabelSmoothingLoss) -> None:
+        super().__init__()
+        self.model, self.criterion = model, criterion
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed label-smoothed loss and negative log-likelihood of the batch, as batch_loss computes them."""
+        return batch_loss(self.model, batch, self.criterion)
 
 
 class _RunState:
