@@ -32,13 +32,15 @@ import torch  # noqa: E402
 
 from transformer_lib.analysis import cross_attention  # noqa: E402
 from transformer_lib.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
-from transformer_lib.config import TrainConfig, directed  # noqa: E402
+from transformer_lib.config import TrainConfig  # noqa: E402
+from transformer_lib.data import directed  # noqa: E402
 from transformer_lib.data import load_multi30k  # noqa: E402
 from transformer_lib.decoder_only import DecoderOnlyTranslator, prefix_attention, translate_sentences  # noqa: E402
 from transformer_lib.loop import train  # noqa: E402
 from transformer_lib.model import Transformer, TransformerConfig  # noqa: E402
 from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
-from transformer_lib.translate import Translator, bleu, device_description, overrides_of  # noqa: E402
+from transformer_lib.records import device_description, overrides_of  # noqa: E402
+from transformer_lib.translate import Translator, bleu  # noqa: E402
 
 MODELS = {"encoder-decoder": Transformer, "decoder-only": DecoderOnlyTranslator}
 FIGURE_SENTENCES = (0, 1, 2, 3)  # test2016 pairs whose attention the record keeps (mean over heads, each layer)

@@ -52,7 +52,7 @@ def main() -> None:
     config = TrainConfig.from_preset("cpu", dropout=0.1)
     amp = resolve_amp(config.amp, device)
     tokenizer = multi30k_tokenizer(config.vocab_size)
-    src, tgt = encode_pairs(load_multi30k("train"), tokenizer, config.max_len)
+    src, tgt = encode_pairs(load_multi30k("train"), tokenizer, config.max_sentence_len)
     src_lens, tgt_lens = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
     batches = token_batches(src_lens, tgt_lens, config.max_tokens, seed=0, epoch=0)[: steps + 3]
     criterion = LabelSmoothingLoss(tokenizer.vocab_size, tokenizer.pad_id, config.label_smoothing, reduction="sum")

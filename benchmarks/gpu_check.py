@@ -18,8 +18,8 @@ What it prints (and writes as JSON to --out):
    --run-minutes they take at its cadence (--eval-minutes, --checkpoint-minutes);
 5. the bare step: training tokens/s of the gpu preset's model on one fixed batch of 700 sentences (bf16 eager,
    fp16 with loss scaling, bf16 compiled) and of torch.nn.Transformer of the same shape, each with its MFU: the
-   step's FLOPs counted by transformer_lib.runtime.training_flops from the real (unpadded) tokens, per second,
-   over the GPU's published dense 16-bit peak (runtime.PEAK_FLOPS); tokens/s counts real tokens too, as the
+   step's FLOPs counted by transformer_lib.records.training_flops from the real (unpadded) tokens, per second,
+   over the GPU's published dense 16-bit peak (records.PEAK_FLOPS); tokens/s counts real tokens too, as the
    trainer does;
 6. the trainer's step: Trainer.train_step of the gpu preset over the first epoch's real batches, as a run takes
    them (a new (B, S, T) shape at most steps), then over the same batches again (every shape seen before): tokens/s
@@ -185,7 +185,7 @@ def throughput(shape: dict, device: torch.device, batch, steps: int, quick: bool
     from transformer_lib.positional import sinusoidal_encoding
     from transformer_lib.recipe import LabelSmoothingLoss
     from transformer_lib.training_step import LossComputation
-    from transformer_lib.runtime import training_flops
+    from transformer_lib.records import training_flops
 
     B = batch.src.size(0)
     tokens = batch.n_src_tokens + batch.n_tgt_tokens  # real tokens, as the trainer counts them
@@ -260,16 +260,16 @@ def trainer_steps(config, tokenizer, steps: int | None, data_dir: Path | None = 
     Each step is timed twice: when train_step returns (the host's part: building the next batch, queuing the step's
     kernels; on a GPU the kernels may still run) and after waiting for the device (the step). The shapes are those
     of the batches the loss computation received; the SDPA kernels are those of one more step, profiled."""
-    from transformer_lib.config import directed
+    from transformer_lib.data import directed
     from transformer_lib.data import load_multi30k
     from transformer_lib.distributed import start_processes
     from transformer_lib.recipe import encode_pairs
-    from transformer_lib.runtime import training_flops
+    from transformer_lib.records import training_flops
     from transformer_lib.trainer import Trainer
 
     train_pairs = directed(load_multi30k("train", data_dir), config.direction)[: config.train_subset]
     val_pairs = directed(load_multi30k("val", data_dir), config.direction)[:8]  # the trainer wants some; unused here
-    data = (*encode_pairs(train_pairs, tokenizer, config.max_len), *encode_pairs(val_pairs, tokenizer, config.max_len))
+    data = (*encode_pairs(train_pairs, tokenizer, config.max_sentence_len), *encode_pairs(val_pairs, tokenizer, config.max_sentence_len))
     procs = start_processes(config.device)
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -381,7 +381,8 @@ QUICK_PAIRS, QUICK_VOCAB, QUICK_STEPS = 600, 400, 3  # --quick: a tokenizer trai
 def trainer_setup(device: torch.device, quick: bool, data_dir: Path | None) -> tuple:
     """(config, tokenizer, steps) of part 6: the gpu preset with its 8000-token BPE over the first epoch's steps;
     with --quick the tiny preset over QUICK_PAIRS pairs, with a tokenizer trained on them, for QUICK_STEPS steps."""
-    from transformer_lib.config import TrainConfig, directed
+    from transformer_lib.config import TrainConfig
+    from transformer_lib.data import directed
     from transformer_lib.data import load_multi30k
     from transformer_lib.tokenizer import BPETokenizer, multi30k_tokenizer
 
@@ -414,7 +415,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this PyTorch sees no CUDA device; use --device cpu --quick")
     from transformer_lib.config import PRESETS
-    from transformer_lib.runtime import peak_flops
+    from transformer_lib.records import peak_flops
 
     gpu = PRESETS["gpu"]
     shape = {k: gpu[k] for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",

@@ -108,7 +108,7 @@ def main() -> None:
     precision = "float32" if amp is None else f"{str(amp).replace('torch.', '')} autocast"
     tokenizer = multi30k_tokenizer(config.vocab_size)
     pairs = load_multi30k("train")[:3000]
-    src, tgt = encode_pairs(pairs, tokenizer, config.max_len)
+    src, tgt = encode_pairs(pairs, tokenizer, config.max_sentence_len)
     index = token_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], config.max_tokens, seed=0)
     batches = [make_batch([src[i] for i in b], [tgt[i] for i in b]) for b in index[: n_batches]]
     criterion = LabelSmoothingLoss(tokenizer.vocab_size, smoothing=config.label_smoothing, reduction="sum")

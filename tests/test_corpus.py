@@ -10,7 +10,8 @@ import pytest
 
 from transformer_lib.data import DataError
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
-from transformer_lib.config import TrainConfig, read_parallel
+from transformer_lib.config import TrainConfig
+from transformer_lib.corpus import read_parallel
 from transformer_lib.loop import train
 
 SMALL = dict(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.1, vocab_size=300,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib import data
+from transformer_lib import data, files
 from transformer_lib.data import (
     MULTI30K_SHA256,
     SPLITS,
@@ -37,7 +37,7 @@ def fake_files(tmp_path, monkeypatch) -> Path:
             name = f"{stem}.{lang}.gz"
             text = "".join(f"{stem} {lang} Satz {i} – ü€😀\n" for i in range(n))
             (folder / name).write_bytes(gzip.compress(text.encode(), mtime=0))
-            monkeypatch.setitem(MULTI30K_SHA256, name, data.sha256_file(folder / name))
+            monkeypatch.setitem(MULTI30K_SHA256, name, files.sha256_file(folder / name))
     return folder
 
 
@@ -108,7 +108,7 @@ def test_download_skips_verified_files_and_replaces_corrupt_ones(server, tmp_pat
     (dest / "val.en.gz").write_bytes(b"not the right bytes")
     before = (dest / "train.de.gz").stat().st_mtime_ns
     download_multi30k(dest, base_url=server.url, progress=False)
-    assert data.sha256_file(dest / "val.en.gz") == MULTI30K_SHA256["val.en.gz"]
+    assert files.sha256_file(dest / "val.en.gz") == MULTI30K_SHA256["val.en.gz"]
     assert (dest / "train.de.gz").stat().st_mtime_ns == before
 
 
@@ -193,7 +193,7 @@ def test_named_folder_with_bad_files_is_rejected_not_repaired(fake_files, monkey
 def test_mismatched_line_counts_raise(fake_files, monkeypatch):
     path = fake_files / "val.en.gz"
     path.write_bytes(gzip.compress(b"only one line\n"))
-    monkeypatch.setitem(MULTI30K_SHA256, "val.en.gz", data.sha256_file(path))
+    monkeypatch.setitem(MULTI30K_SHA256, "val.en.gz", files.sha256_file(path))
     with pytest.raises(DataError, match="2 German lines but 1 English"):
         load_multi30k("val", data_dir=fake_files)
 

@@ -140,7 +140,7 @@ def test_two_processes_compute_the_update_of_one_process(tmp_path, small_tokeniz
 
     # one process, one batch per step: the union of the two ranks' batches, padded together
     config = TrainConfig.from_preset("tiny", **SETTINGS)
-    src, tgt = encode_pairs(load_multi30k("train")[:300], tokenizer, config.max_len)
+    src, tgt = encode_pairs(load_multi30k("train")[:300], tokenizer, config.max_sentence_len)
     torch.manual_seed(config.seed)
     model = accum.model.__class__(config.model_config(tokenizer.vocab_size))
     start = {name: tensor.clone() for name, tensor in model.state_dict().items()}

@@ -108,7 +108,7 @@ def test_the_trainer_step_meets_the_batches_token_batches_makes(small_tokenizer)
     config = TrainConfig.from_preset("tiny", device="cpu", train_subset=300)
     result = _gpu_check().trainer_steps(config, tokenizer, 3)
     lengths = [(len(tokenizer.encode(de)), len(tokenizer.encode(en))) for de, en in load_multi30k("train")[:300]]
-    kept = [(s + 1, t + 1) for s, t in lengths if max(s, t) <= config.max_len]  # max_len: longer pairs are left out
+    kept = [(s + 1, t + 1) for s, t in lengths if max(s, t) <= config.max_sentence_len]  # max_sentence_len: longer pairs are left out
     assert 0 < len(kept) < 300  # this small tokenizer leaves some pairs too long: the rule is exercised
     src, tgt = [s for s, _ in kept], [t for _, t in kept]
     batches = token_batches(src, tgt, config.max_tokens, seed=config.seed, epoch=0)[:3]

@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "transformer_lib"
 # bottom to top: a module may import only modules before it in this list
-ORDER = ["data", "tokenizer", "runtime", "embeddings", "positional", "attention", "layers", "model", "recipe",
-         "config", "checkpoints", "decoding", "translate", "pretrained", "analysis", "beyond", "decoder_only", "distributed", "training_step", "trainer", "loop", "cli",
+ORDER = ["files", "data", "tokenizer", "runtime", "embeddings", "positional", "attention", "layers", "model", "recipe",
+         "config", "corpus", "checkpoints", "decoding", "translate", "records", "pretrained", "analysis", "beyond", "decoder_only", "distributed", "training_step", "trainer", "loop", "cli",
          "__init__", "__main__"]
 
 

@@ -13,7 +13,8 @@ import torch
 
 from transformer_lib import Translator
 from transformer_lib.checkpoints import CheckpointError
-from transformer_lib.data import load_multi30k, sha256_file
+from transformer_lib.data import load_multi30k
+from transformer_lib.files import sha256_file
 from transformer_lib.pretrained import CARD, CARD_MARKDOWN, TOKENIZER, WEIGHTS, load_pretrained, model_card, shipped_dir
 from transformer_lib.translate import bleu
 

@@ -129,7 +129,7 @@ def _cli_train(tmp_path, capsys, *args: str) -> tuple[int, str]:
 
 
 def test_no_training_pair_left_is_one_line_exit_2(tmp_path, capsys):
-    code, last = _cli_train(tmp_path, capsys, "--set", "max_len=2")
+    code, last = _cli_train(tmp_path, capsys, "--set", "max_sentence_len=2")
     assert code == 2 and last.startswith("error: no training pair is left"), last
 
 
@@ -149,3 +149,28 @@ def test_no_validation_pair_that_fits_is_one_line_exit_2(tmp_path, capsys):
                  "--val", str(files["val.de"]), str(files["val.en"])])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("error: no validation pair fits the model's 512 positions"), last
+
+
+def test_the_old_name_of_max_sentence_len_still_works_with_a_warning(tmp_path):
+    """max_len, the data filter's name before it was renamed (it read like TransformerConfig's positions): typed by a
+    user it warns and sets max_sentence_len; saved in a checkpoint or a results record it is read quietly."""
+    import warnings
+
+    from transformer_lib.config import parse_overrides
+    from transformer_lib.records import overrides_of
+
+    for make in (lambda: TrainConfig(max_len=37), lambda: TrainConfig.from_preset("tiny", max_len=37),
+                 lambda: TrainConfig.from_preset("tiny", **parse_overrides(["max_len=37"]))):
+        with pytest.warns(FutureWarning, match="max_sentence_len"):
+            assert make().max_sentence_len == 37
+    config = TrainConfig.from_preset("tiny")
+    with pytest.warns(FutureWarning, match="TrainConfig.max_len is now TrainConfig.max_sentence_len"):
+        assert config.max_len == 100
+    with pytest.raises(ValueError, match="max_len is the old name of max_sentence_len"):
+        TrainConfig(max_len=37, max_sentence_len=38)
+    older = {k: v for k, v in config.to_dict().items() if k != "max_sentence_len"} | {"max_len": 37}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stored dict of an older version loads without a warning
+        assert TrainConfig.from_dict(older).max_sentence_len == 37
+        assert overrides_of(older) == ("tiny", {"max_sentence_len": 37})
+    assert "max_len" not in config.to_dict()

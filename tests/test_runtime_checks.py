@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from transformer_lib import cli, runtime
+from transformer_lib import cli, records, runtime
 from transformer_lib.loop import train
 from transformer_lib.config import TrainConfig
 from transformer_lib.runtime import UnsupportedSetting, check_runtime
@@ -244,18 +244,18 @@ def test_training_flops_equal_pytorchs_count(norm_first, S, T):
 
     src = torch.randint(4, 300, (5, S)).tolist()
     tgt = torch.randint(4, 300, (5, T)).tolist()
-    assert runtime.training_flops(config, [S + 1] * 5, [T + 1] * 5) == counted(src, tgt)  # + <eos>; <bos> + target
+    assert records.training_flops(config, [S + 1] * 5, [T + 1] * 5) == counted(src, tgt)  # + <eos>; <bos> + target
     ragged_src, ragged_tgt = [s[: S - k] for k, s in enumerate(src)], [t[: T - k] for k, t in enumerate(tgt)]
-    real = runtime.training_flops(config, [S + 1 - k for k in range(5)], [T + 1 - k for k in range(5)])
+    real = records.training_flops(config, [S + 1 - k for k in range(5)], [T + 1 - k for k in range(5)])
     assert real < counted(ragged_src, ragged_tgt)  # the padded batch's work is more than its real tokens'
 
 
 def test_the_peak_of_a_gpu_by_its_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
-    assert runtime.peak_flops(torch.device("cuda")) == runtime.PEAK_FLOPS["H100 PCIe"]  # the longest name that fits
+    assert records.peak_flops(torch.device("cuda")) == records.PEAK_FLOPS["H100 PCIe"]  # the longest name that fits
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    assert runtime.peak_flops(torch.device("cuda")) == 989e12
+    assert records.peak_flops(torch.device("cuda")) == 989e12
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    assert runtime.peak_flops(torch.device("cuda")) == 65e12
+    assert records.peak_flops(torch.device("cuda")) == 65e12
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
-    assert runtime.peak_flops(torch.device("cuda")) is None and runtime.peak_flops(CPU) is None
+    assert records.peak_flops(torch.device("cuda")) is None and records.peak_flops(CPU) is None

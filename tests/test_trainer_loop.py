@@ -154,7 +154,7 @@ def test_an_epoch_of_the_gpu_presets_data_in_fixed_shapes(tmp_path):
 
     config = TrainConfig.from_preset("gpu", length_bucket=8)
     tokenizer = multi30k_tokenizer(config.vocab_size)
-    src, tgt = encode_pairs(load_multi30k("train"), tokenizer, config.max_len)
+    src, tgt = encode_pairs(load_multi30k("train"), tokenizer, config.max_sentence_len)
     small = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, device="cpu", amp="off")
     run = Trainer(TrainConfig.from_preset("gpu", length_bucket=8, **small), tmp_path, tokenizer,
                   start_processes("cpu"), (src, tgt, src[:5], tgt[:5]), progress=False)

@@ -223,10 +223,10 @@ def test_a_signal_saves_mid_epoch_and_the_run_resumes_at_the_same_batch(tmp_path
     assert losses[0] == losses[1]
 
 
-def test_max_len_past_the_model_positions_is_refused_when_configured():
-    with pytest.raises(ValueError, match="max_len=600: the model has 512 positions .* at most 511"):
-        TrainConfig.from_preset("tiny", max_len=600)
-    TrainConfig.from_preset("tiny", max_len=511)
+def test_max_sentence_len_past_the_model_positions_is_refused_when_configured():
+    with pytest.raises(ValueError, match="max_sentence_len=600: the model has 512 positions .* at most 511"):
+        TrainConfig.from_preset("tiny", max_sentence_len=600)
+    TrainConfig.from_preset("tiny", max_sentence_len=511)
 
 
 def test_pairs_left_out_are_counted_and_long_validation_pairs_never_reach_the_model(tmp_path, capsys):
@@ -237,14 +237,14 @@ def test_pairs_left_out_are_counted_and_long_validation_pairs_never_reach_the_mo
                         ("val.de", ["ein hund", "hund " * 600]), ("val.en", ["a dog", "dog"])]:
         files[name] = tmp_path / name
         files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = TrainConfig.from_preset("tiny", **{**SMALL, "train_subset": None, "max_len": 20, "max_steps": 2,
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "train_subset": None, "max_sentence_len": 20, "max_steps": 2,
                                                 "vocab_size": 300},
                                      train_src=files["train.de"], train_tgt=files["train.en"],
                                      val_src=files["val.de"], val_tgt=files["val.en"])
     result = train(config, tmp_path / "run", progress=True)
     setup = result.history[0]
     assert (setup["train_pairs"], setup["dropped"], setup["val_pairs"], setup["val_dropped"]) == (40, 1, 1, 1)
-    assert "left out: 1 training pair(s) with a side over max_len=20 tokens, 1 validation pair(s)" \
+    assert "left out: 1 training pair(s) with a side over max_sentence_len=20 tokens, 1 validation pair(s)" \
         in capsys.readouterr().out  # tqdm.write's line
     assert any(r["kind"] == "val" for r in result.history)
 
@@ -393,7 +393,7 @@ def test_a_budget_in_epochs_places_the_points_and_ends_the_cooldown_at_the_end_o
     config = TrainConfig.from_preset("tiny", **{**SMALL, "epochs": 2}, max_minutes=60.0, cooldown=0.5,
                                      eval_epochs=0.5, checkpoint_minutes=None)
     result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
-    src, tgt = encode_pairs(load_multi30k("train")[:200], tokenizer, config.max_len)
+    src, tgt = encode_pairs(load_multi30k("train")[:200], tokenizer, config.max_sentence_len)
     src_lens, tgt_lens = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
     per_epoch = len(token_batches(src_lens, tgt_lens, config.max_tokens, seed=config.seed))
     # the epochs bind (the minutes are a cap far away): 2 epochs of steps, every micro-batch seen twice

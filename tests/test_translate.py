@@ -14,13 +14,10 @@ from transformer_lib.translate import (
     bleu,
     clean_text,
     evaluate_bleu,
-    evaluate_checkpoint,
-    learning_curve,
     map_on_cores,
     paired_bootstrap,
-    overrides_of,
-    preset_of,
 )
+from transformer_lib.records import evaluate_checkpoint, learning_curve, overrides_of, preset_of
 
 torch.set_num_threads(1)
 SENTENCES = ["Ein Hund läuft über die Straße.", "Zwei Männer spielen Fußball.",
@@ -234,7 +231,7 @@ def test_evaluate_checkpoint_gives_the_fields_of_a_results_file(translator, tmp_
 
 
 def test_learning_curve_scores_each_snapshot_then_the_final_model(translator, tmp_path, monkeypatch):
-    from transformer_lib import translate
+    from transformer_lib import records
 
     history = [{"kind": "setup", "device": "cpu"}, {"kind": "val", "minutes": 3.04}]
     checkpoint(translator, tmp_path / "model.pt", history=history, step=9)
@@ -250,7 +247,7 @@ def test_learning_curve_scores_each_snapshot_then_the_final_model(translator, tm
         seen.append((float(translator.model.generator.weight.detach().sum()), len(pairs)))
         return {"cased": float(len(seen)), "lowercase": -float(len(seen))}
 
-    monkeypatch.setattr(translate, "evaluate_bleu", scored)
+    monkeypatch.setattr(records, "evaluate_bleu", scored)
     curve = learning_curve(tmp_path, device="cpu")
     assert [(p["minutes"], p["step"], p["final"], p["cased"]) for p in curve] == [
         (1.0, 3, False, 1.0), (2.0, 6, False, 2.0), (3.0, 9, True, 3.0)]

@@ -33,13 +33,14 @@ sys.path.insert(0, str(ROOT))  # the repository's transformer_lib, installed or 
 import torch  # noqa: E402
 
 from transformer_lib import translate  # noqa: E402
-from transformer_lib.config import TrainConfig, directed  # noqa: E402
+from transformer_lib.config import TrainConfig  # noqa: E402
+from transformer_lib.data import directed  # noqa: E402
 from transformer_lib.data import load_multi30k  # noqa: E402
 from transformer_lib.recipe import encode_pairs, token_batches  # noqa: E402
-from transformer_lib.runtime import peak_flops, training_flops  # noqa: E402
 from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
 from transformer_lib.training_step import OVERHEAD_PARTS  # noqa: E402
-from transformer_lib.translate import Translator, evaluate_bleu, evaluate_checkpoint, learning_curve  # noqa: E402
+from transformer_lib.records import evaluate_checkpoint, learning_curve, peak_flops, training_flops  # noqa: E402
+from transformer_lib.translate import Translator, evaluate_bleu  # noqa: E402
 
 CONFIG_FIELDS = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first", "d_ff", "dropout", "attention_dropout",
                  "ffn_dropout", "inner_dropout_from", "vocab_size", "max_tokens", "lr_factor", "warmup", "cooldown",
@@ -117,11 +118,11 @@ def main() -> None:
 
 def _utilisation(state: dict, tok: BPETokenizer, setup: dict, tokens_per_s: float | None) -> dict:
     """The epochs the run trained (its steps over the steps of an epoch), its FLOPs per real token
-    (runtime.training_flops over its training pairs: padding left out) and its MFU on this machine's GPU (None on a
+    (records.training_flops over its training pairs: padding left out) and its MFU on this machine's GPU (None on a
     CPU or an unlisted GPU), from the median tokens/s of its training windows."""
     config = TrainConfig.from_dict(state["train_config"])
     pairs = directed(load_multi30k("train"), config.direction)[: config.train_subset]
-    src, tgt = encode_pairs(pairs, tok, config.max_len)
+    src, tgt = encode_pairs(pairs, tok, config.max_sentence_len)
     src_lengths, tgt_lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]  # <eos>; <bos>, as the trainer
     per_token = training_flops(config.model_config(tok.vocab_size), src_lengths, tgt_lengths) / (
         sum(src_lengths) + sum(tgt_lengths))

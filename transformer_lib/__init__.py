@@ -26,7 +26,8 @@ from .recipe import LabelSmoothingLoss, NoamSchedule
 from .config import PRESETS, TrainConfig
 from .checkpoints import CheckpointError, load_model
 from .decoding import beam_search, greedy_decode, sample
-from .translate import Translator, evaluate_checkpoint
+from .translate import Translator
+from .records import evaluate_checkpoint
 from .pretrained import load_pretrained
 from .beyond import DecoderOnlyConfig, DecoderOnlyLM, RotaryEmbedding, RotaryMultiHeadAttention
 

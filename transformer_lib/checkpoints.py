@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .config import CORPUS_FIELDS
-from .data import atomic_write
+from .files import atomic_write
 from .model import Transformer, TransformerConfig
 from .tokenizer import BPETokenizer
 
@@ -62,7 +62,8 @@ def check_model_config(saved: dict[str, Any], wanted: dict[str, Any], path: str 
         )
 
 # %% ../book/eng_checkpoints.ipynb #c2a75e1d
-DATA_ORDER_FIELDS = ("seed", "max_tokens", "length_bucket", "train_subset", "max_len", "direction", "vocab_size")
+DATA_ORDER_FIELDS = ("seed", "max_tokens", "length_bucket", "train_subset", "max_sentence_len", "direction",
+                     "vocab_size")
 
 
 def _differences(saved: dict[str, Any], wanted: dict[str, Any], names: tuple[str, ...]) -> list[str]:

@@ -4,22 +4,20 @@
 
 # %% auto #0
 __all__ = ['MULTI30K_COMMIT', 'MULTI30K_URL', 'MULTI30K_SHA256', 'SPLITS', 'SPLIT_FILES', 'LANGUAGES', 'DATA_ENV', 'CACHE_ENV',
-           'DataError', 'cache_dir', 'sha256_file', 'fsync_folder', 'atomic_write', 'read_lines', 'download_multi30k',
-           'multi30k_dir', 'load_multi30k']
+           'DataError', 'cache_dir', 'read_lines', 'download_multi30k', 'multi30k_dir', 'load_multi30k', 'directed']
 
 # %% ../book/appendix_a_data.ipynb #e33c96db
 import gzip
 import hashlib
 import http.client
 import os
-import tempfile
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+
+from .files import atomic_write, sha256_file
 
 MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
 MULTI30K_URL = (  # {split} is a file stem (train, val, test_2016_flickr), {lang} is de or en
@@ -65,15 +63,6 @@ def _by_hand() -> str:
     )
 
 
-def sha256_file(path: Path) -> str:
-    """The SHA-256 hex digest of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _problems(folder: Path, checksums: Mapping[str, str]) -> list[str]:
     """What is wrong with the files in `folder` (missing or with the wrong hash); empty when all is well."""
     found = []
@@ -86,36 +75,6 @@ def _problems(folder: Path, checksums: Mapping[str, str]) -> list[str]:
     return found
 
 # %% ../book/appendix_a_data.ipynb #dc85d2de
-def fsync_folder(folder: str | Path) -> None:
-    """Make the folder's entries (files renamed into it or deleted) durable, where the system allows it (POSIX)."""
-    if os.name != "posix":
-        return  # Windows cannot open a folder as a file; NTFS journals its renames itself
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
-    """Write path all at once or not at all: the block writes a temporary file in the same folder, which is then
-    flushed to the disk and renamed over path (os.replace), and the folder flushed too; on an error it is deleted."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates files readable by their owner only
-        os.replace(tmp, path)
-        fsync_folder(path.parent)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # gone already after a successful os.replace
-
-
 def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
     """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes that are not UTF-8:
     invalid="error" raises DataError naming the line, invalid="replace" makes them U+FFFD and warns, naming lines."""
@@ -238,3 +197,10 @@ def load_multi30k(split: str, data_dir: str | Path | None = None) -> list[tuple[
             "the files do not pair up"
         )
     return list(zip(german, english))
+
+# %% ../book/appendix_a_data.ipynb #0792e0cf
+def directed(pairs: Sequence[tuple[str, str]], direction: str = "de-en") -> list[tuple[str, str]]:
+    """Multi30k's (German, English) pairs as (source, target) pairs of a direction, "de-en" or "en-de"."""
+    if direction not in ("de-en", "en-de"):
+        raise ValueError(f"direction={direction!r} must be one of de-en, en-de")
+    return [(b, a) if direction == "en-de" else (a, b) for a, b in pairs]

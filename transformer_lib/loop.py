@@ -20,8 +20,9 @@ from torch import nn
 
 from .checkpoints import CheckpointError, load_checkpoint
 from .checkpoints import check_corpus, check_data_order, check_model_config, check_optimisation
-from .config import CORPUS_FIELDS, TrainConfig, corpus_tokenizer, directed, read_corpus
-from .data import load_multi30k
+from .config import CORPUS_FIELDS, TrainConfig, renamed_fields
+from .corpus import corpus_tokenizer, read_corpus
+from .data import directed, load_multi30k
 from .distributed import Processes, start_processes
 from .model import Transformer, TransformerConfig
 from .recipe import encode_pairs
@@ -69,10 +70,11 @@ def _prepare(config: TrainConfig, out: Path, resume: bool, data_dir: str | Path 
              tokenizer: BPETokenizer | None, procs: Processes,
              corpus: tuple | None = None) -> tuple[dict[str, Any] | None, BPETokenizer, tuple, tuple[int, int]]:
     """The checkpoint to resume from (or None), the tokenizer, the encoded data, and the numbers of training and
-    validation pairs before the pairs too long for max_len (training) or the model's positions (validation) went."""
+    validation pairs before the pairs too long for max_sentence_len (training) or the model's positions (validation) went."""
     last_path, state = out / "last.pt", None
     if resume:
         state = load_checkpoint(last_path)
+        state["train_config"] = renamed_fields(state["train_config"], warn=False)  # saved under older field names
         if tokenizer is not None and tokenizer.to_dict() != state["tokenizer"]:
             raise CheckpointError(f"{last_path} was trained with a different tokenizer than the one passed in")
         check_corpus(state["train_config"].get("corpus_sha256"), config.corpus_sha256, last_path)
@@ -101,13 +103,13 @@ def _prepare(config: TrainConfig, out: Path, resume: bool, data_dir: str | Path 
                 tokenizer = multi30k_tokenizer(config.vocab_size, data_dir)
             train_pairs = directed(load_multi30k("train", data_dir), config.direction)[: config.train_subset]
             val_pairs = directed(load_multi30k("val", data_dir), config.direction)
-    train_src, train_tgt = encode_pairs(train_pairs, tokenizer, config.max_len)
+    train_src, train_tgt = encode_pairs(train_pairs, tokenizer, config.max_sentence_len)
     # validation keeps every pair that fits the model's positions: dropping more would change what it measures
     positions = config.model_config(tokenizer.vocab_size).max_len
     val_src, val_tgt = encode_pairs(val_pairs, tokenizer, positions - 1)
     if not train_src:
         raise TrainingError(f"no training pair is left: all {len(train_pairs)} have a side longer than "
-                            f"max_len={config.max_len} tokens; raise max_len")
+                            f"max_sentence_len={config.max_sentence_len} tokens; raise max_sentence_len")
     if not val_src:
         raise TrainingError(f"no validation pair fits the model's {positions} positions, so the run could not be "
                             "validated; check the validation files")

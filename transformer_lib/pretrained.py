@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .checkpoints import CheckpointError
-from .data import atomic_write, sha256_file
+from .files import atomic_write, sha256_file
 from .model import Transformer, TransformerConfig
 from .runtime import resolve_device
 from .tokenizer import BPETokenizer

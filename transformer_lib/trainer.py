@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from .checkpoints import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
-from .data import fsync_folder
+from .files import fsync_folder
 from .recipe import average_weights
 from .runtime import rng_state, set_rng_state
 from .training_step import TrainingError, TrainingStep, validation_loss
@@ -306,7 +306,7 @@ class Trainer(_Checkpoints):
         setup = self.history[0]
         dropped, val_dropped = setup.get("dropped", 0), setup.get("val_dropped", 0)
         left_out = "" if not dropped and not val_dropped else (
-            f"; left out: {dropped} training pair(s) with a side over max_len={self.config.max_len} tokens, "
+            f"; left out: {dropped} training pair(s) with a side over max_sentence_len={self.config.max_sentence_len} tokens, "
             f"{val_dropped} validation pair(s) longer than the model's positions")
         tqdm.write(f"{sum(p.numel() for p in self.model.parameters()) / 1e6:.1f}M parameters on {self.device} "
                    f"({precision}) x {self.procs.world_size} process(es); {len(self.train_src)} training pairs in "
