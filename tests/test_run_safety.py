@@ -174,3 +174,34 @@ def test_the_old_name_of_max_sentence_len_still_works_with_a_warning(tmp_path):
         assert TrainConfig.from_dict(older).max_sentence_len == 37
         assert overrides_of(older) == ("tiny", {"max_sentence_len": 37})
     assert "max_len" not in config.to_dict()
+
+
+def test_a_resume_reads_a_checkpoint_saved_under_the_old_field_name(tmp_path, run_folder):
+    """A last.pt written before max_len was renamed resumes as before: its data order is the same run's."""
+    import shutil
+
+    out = tmp_path / "old"
+    shutil.copytree(run_folder, out)
+    state = load_checkpoint(out / "last.pt")
+    state["train_config"]["max_len"] = state["train_config"].pop("max_sentence_len")
+    save_checkpoint(state, out / "last.pt")
+    train(TrainConfig.from_preset("tiny", **SMALL, max_steps=3), out, resume=True, progress=False)
+    assert load_checkpoint(out / "last.pt")["step"] == 3
+
+
+def test_train_gives_the_process_its_thread_count_and_tf32_back(tmp_path, tokenizer):
+    """The run's threads (and on CUDA, TF32) are the run's only: after train returns, or raises, they are as before."""
+    threads, tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.set_num_threads(1)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        train(TrainConfig.from_preset("tiny", **SMALL, max_steps=1, threads=2), tmp_path / "a", progress=False,
+              tokenizer=tokenizer)
+        assert torch.get_num_threads() == 1 and torch.backends.cuda.matmul.allow_tf32 is False
+        with pytest.raises(TrainingError, match="no training pair is left"):
+            train(TrainConfig.from_preset("tiny", **SMALL, max_steps=1, threads=2, max_sentence_len=2),
+                  tmp_path / "b", progress=False, tokenizer=tokenizer)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32 = tf32

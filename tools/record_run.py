@@ -32,10 +32,9 @@ sys.path.insert(0, str(ROOT))  # the repository's transformer_lib, installed or 
 
 import torch  # noqa: E402
 
-from transformer_lib import translate  # noqa: E402
+from transformer_lib import records  # noqa: E402
 from transformer_lib.config import TrainConfig  # noqa: E402
-from transformer_lib.data import directed  # noqa: E402
-from transformer_lib.data import load_multi30k  # noqa: E402
+from transformer_lib.data import directed, load_multi30k  # noqa: E402
 from transformer_lib.recipe import encode_pairs, token_batches  # noqa: E402
 from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
 from transformer_lib.training_step import OVERHEAD_PARTS  # noqa: E402
@@ -63,7 +62,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="score the first N pairs of each split (a dry run)")
     args = parser.parse_args()
     if args.limit is not None:  # evaluate_checkpoint and learning_curve read the splits through this name
-        translate.load_multi30k = lambda split, data_dir=None: load_multi30k(split, data_dir)[: args.limit]
+        records.load_multi30k = lambda split, data_dir=None: load_multi30k(split, data_dir)[: args.limit]
 
     if args.val_only:
         translator = Translator.from_checkpoint(args.run_dir / args.model)

@@ -129,7 +129,8 @@ def train(
     checkpoints, metrics.jsonl and model.pt go to out_dir.
 
     Started by torchrun, it trains data-parallel: one process per device, rank 0 writing the files. The process's
-    thread count and TF32 setting are the run's while it trains, and come back as they were after it.
+    thread count and TF32 setting are the run's while it trains, and come back as they were after it; on the CPU it
+    also keeps freed memory (keep_freed_memory), which stays for the rest of the process.
     """
     corpus = read_corpus(config)  # bad corpus files stop the run here, before any work
     if corpus is not None:
