@@ -64,7 +64,8 @@ def test_inference_loads_nothing_of_training():
             "print(sorted(m for m in sys.modules if m.startswith('transformer_lib.')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     loaded = done.stdout
-    for module in ("transformer_lib.trainer", "transformer_lib.distributed", "transformer_lib.loop"):
+    for module in ("transformer_lib.trainer", "transformer_lib.distributed", "transformer_lib.loop",
+                   "transformer_lib.records"):
         assert f"'{module}'" not in loaded, loaded
 
 
@@ -72,3 +73,9 @@ def test_train_is_still_a_name_of_the_package():
     code = "from transformer_lib import train, TrainConfig, PRESETS, load_model; print(train.__module__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "transformer_lib.loop"
+
+
+def test_evaluate_checkpoint_is_still_a_name_of_the_package():
+    code = "import transformer_lib; print(transformer_lib.evaluate_checkpoint.__module__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "transformer_lib.records"

@@ -257,5 +257,9 @@ def test_the_peak_of_a_gpu_by_its_name(monkeypatch):
     assert records.peak_flops(torch.device("cuda")) == 989e12
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     assert records.peak_flops(torch.device("cuda")) == 65e12
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
-    assert records.peak_flops(torch.device("cuda")) is None and records.peak_flops(CPU) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    assert records.peak_flops(torch.device("cuda")) == 312e12
+    for unlisted in ("NVIDIA L40S", "NVIDIA L40", "Some Future GPU"):  # "L4" is not a part of "L40S"
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=unlisted: name)
+        assert records.peak_flops(torch.device("cuda")) is None, unlisted
+    assert records.peak_flops(CPU) is None

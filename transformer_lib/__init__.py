@@ -27,7 +27,6 @@ from .config import PRESETS, TrainConfig
 from .checkpoints import CheckpointError, load_model
 from .decoding import beam_search, greedy_decode, sample
 from .translate import Translator
-from .records import evaluate_checkpoint
 from .pretrained import load_pretrained
 from .beyond import DecoderOnlyConfig, DecoderOnlyLM, RotaryEmbedding, RotaryMultiHeadAttention
 
@@ -41,9 +40,14 @@ _all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k
 
 
 def __getattr__(name: str) -> object:
-    """`train` is imported on first use, so that a program that only translates never loads the trainer."""
+    """`train` and `evaluate_checkpoint` are imported on first use, so that a program that only translates never loads
+    the trainer or the run records."""
     if name == "train":
         from transformer_lib.loop import train
 
         return train
+    if name == "evaluate_checkpoint":
+        from transformer_lib.records import evaluate_checkpoint
+
+        return evaluate_checkpoint
     raise AttributeError(f"module 'transformer_lib' has no attribute {name!r}")

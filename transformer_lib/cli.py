@@ -21,7 +21,7 @@ import torch
 
 from .checkpoints import CheckpointError
 from .config import CORPUS_FIELDS, PRESETS, TrainConfig, parse_overrides
-from .data import SPLITS, DataError, load_multi30k, read_lines
+from .data import SPLITS, DataError, directed, load_multi30k, read_lines
 from .runtime import UnsupportedSetting, check_device, keep_freed_memory, machine_preset, resolve_device
 from .translate import Translator, evaluate_bleu
 from .pretrained import load_pretrained
@@ -265,12 +265,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
         name = f"{args.src} against {args.ref}"
     else:
         pairs = load_multi30k(args.split, args.data_dir)
-        sources, references = [s for s, _ in pairs], [r for _, r in pairs]
         name = f"Multi30k {args.split}"
     writable_output(args.output)
     translator = load_translator(args)
-    if translator.info.get("train_config", {}).get("direction") == "en-de" and args.src is None:
-        sources, references = references, sources
+    if args.src is None:  # Multi30k's pairs in the direction the model was trained for, as training took them
+        pairs = directed(pairs, translator.info.get("train_config", {}).get("direction", "de-en"))
+        sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     scores = evaluate_bleu(translator, list(zip(sources, references)), args.beam, args.batch_size, not args.quiet)
     if args.output:
         with open(args.output, "wb") as f:

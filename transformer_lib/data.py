@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['MULTI30K_COMMIT', 'MULTI30K_URL', 'MULTI30K_SHA256', 'SPLITS', 'SPLIT_FILES', 'LANGUAGES', 'DATA_ENV', 'CACHE_ENV',
-           'DataError', 'cache_dir', 'read_lines', 'download_multi30k', 'multi30k_dir', 'load_multi30k', 'directed']
+           'DataError', 'cache_dir', 'download_multi30k', 'read_lines', 'multi30k_dir', 'load_multi30k', 'directed']
 
 # %% ../book/appendix_a_data.ipynb #e33c96db
 import gzip
@@ -74,34 +74,6 @@ def _problems(folder: Path, checksums: Mapping[str, str]) -> list[str]:
             found.append(f"{name} has SHA-256 {actual}, expected {expected}")
     return found
 
-# %% ../book/appendix_a_data.ipynb #dc85d2de
-def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
-    """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes that are not UTF-8:
-    invalid="error" raises DataError naming the line, invalid="replace" makes them U+FFFD and warns, naming lines."""
-    if invalid not in ("error", "replace"):
-        raise ValueError(f"invalid={invalid!r} must be 'error' or 'replace'")
-    raw = data.split(b"\n")
-    if raw[-1] == b"":
-        raw.pop()  # the newline at the end of the last line does not start another line
-    lines, bad = [], []
-    for number, line in enumerate(raw, start=1):
-        line = line.removesuffix(b"\r")
-        try:
-            lines.append(line.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            if invalid == "error":
-                raise DataError(f"{name}: line {number} is not valid UTF-8 (byte {line[err.start]:#04x}); "
-                                "save the file as UTF-8") from None
-            lines.append(line.decode("utf-8", errors="replace"))
-            bad.append(number)
-    if lines:
-        lines[0] = lines[0].removeprefix("\ufeff")  # a byte-order mark is not part of the text
-    if bad:
-        shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
-        warnings.warn(f"{name}: {len(bad)} line(s) are not valid UTF-8 (line {shown}); "
-                      "the undecodable bytes were replaced by U+FFFD", stacklevel=2)
-    return lines
-
 # %% ../book/appendix_a_data.ipynb #59e2080f
 def _download_file(url: str, dest: Path, expected_sha256: str, timeout: float, progress: bool) -> None:
     """Download `url` to `dest` all at once or not at all (atomic_write), its SHA-256 checked before the rename."""
@@ -158,6 +130,34 @@ def download_multi30k(
         stem, lang, _ = name.rsplit(".", 2)
         _download_file(base_url.format(split=stem, lang=lang), path, expected, timeout, progress)
     return dest
+
+# %% ../book/appendix_a_data.ipynb #dc85d2de
+def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
+    """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes that are not UTF-8:
+    invalid="error" raises DataError naming the line, invalid="replace" makes them U+FFFD and warns, naming lines."""
+    if invalid not in ("error", "replace"):
+        raise ValueError(f"invalid={invalid!r} must be 'error' or 'replace'")
+    raw = data.split(b"\n")
+    if raw[-1] == b"":
+        raw.pop()  # the newline at the end of the last line does not start another line
+    lines, bad = [], []
+    for number, line in enumerate(raw, start=1):
+        line = line.removesuffix(b"\r")
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            if invalid == "error":
+                raise DataError(f"{name}: line {number} is not valid UTF-8 (byte {line[err.start]:#04x}); "
+                                "save the file as UTF-8") from None
+            lines.append(line.decode("utf-8", errors="replace"))
+            bad.append(number)
+    if lines:
+        lines[0] = lines[0].removeprefix("\ufeff")  # a byte-order mark is not part of the text
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+        warnings.warn(f"{name}: {len(bad)} line(s) are not valid UTF-8 (line {shown}); "
+                      "the undecodable bytes were replaced by U+FFFD", stacklevel=2)
+    return lines
 
 # %% ../book/appendix_a_data.ipynb #db4de7f0
 def multi30k_dir(data_dir: str | Path | None = None, download: bool = True) -> Path:

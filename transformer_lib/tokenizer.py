@@ -116,7 +116,7 @@ def _readable(data: bytes) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write text to path all at once (atomic_write of appendix A), so readers never see half a file."""
+    """Write text to path all at once (atomic_write of appendix D), so readers never see half a file."""
     with atomic_write(path, "w") as f:
         f.write(text)
 
