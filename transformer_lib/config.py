@@ -283,13 +283,10 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip().replace("-", "_")
-        if name in RENAMED:
-            warnings.warn(f"the setting {name} is now called {RENAMED[name]}", FutureWarning, stacklevel=2)
-            name = RENAMED[name]
         if not sep or not name:
             raise ValueError(f"override {item!r} is not of the form key=value")
-        if name not in hints:
+        if RENAMED.get(name, name) not in hints:
             raise ValueError(f"unknown setting {name!r}{_did_you_mean(name, hints)}; "
                              f"the settings are TrainConfig's fields: {', '.join(hints)}")
-        out[name] = _parse_value(name, text.strip(), hints[name])
-    return out
+        out[name] = _parse_value(name, text.strip(), hints[RENAMED.get(name, name)])
+    return renamed_fields(out)  # an old name typed: a FutureWarning, and the new name

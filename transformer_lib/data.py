@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['MULTI30K_COMMIT', 'MULTI30K_URL', 'MULTI30K_SHA256', 'SPLITS', 'SPLIT_FILES', 'LANGUAGES', 'DATA_ENV', 'CACHE_ENV',
-           'DataError', 'cache_dir', 'download_multi30k', 'read_lines', 'multi30k_dir', 'load_multi30k', 'directed']
+           'DataError', 'cache_dir', 'download_multi30k', 'multi30k_dir', 'read_lines', 'load_multi30k', 'directed']
 
 # %% ../book/appendix_a_data.ipynb #e33c96db
 import gzip
@@ -131,6 +131,25 @@ def download_multi30k(
         _download_file(base_url.format(split=stem, lang=lang), path, expected, timeout, progress)
     return dest
 
+# %% ../book/appendix_a_data.ipynb #db4de7f0
+def multi30k_dir(data_dir: str | Path | None = None, download: bool = True) -> Path:
+    """The folder holding the verified Multi30k files: `data_dir`, else $TRANSFORMER_LIB_DATA, else the cache (downloading)."""
+    if data_dir is None and os.environ.get(DATA_ENV):
+        data_dir, source = os.environ[DATA_ENV], f"the folder in ${DATA_ENV}"
+    else:
+        source = "the folder passed as data_dir"
+    if data_dir is not None:
+        folder = Path(data_dir).expanduser()
+        if problems := _problems(folder, MULTI30K_SHA256):
+            raise DataError(f"{source} ({folder}) cannot be used: {'; '.join(problems)}. {_by_hand()}")
+        return folder
+    folder = cache_dir() / "multi30k"
+    if problems := _problems(folder, MULTI30K_SHA256):
+        if not download:
+            raise DataError(f"the cache ({folder}) is incomplete: {'; '.join(problems)}. {_by_hand()}")
+        download_multi30k(folder)
+    return folder
+
 # %% ../book/appendix_a_data.ipynb #dc85d2de
 def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
     """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes that are not UTF-8:
@@ -158,25 +177,6 @@ def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
         warnings.warn(f"{name}: {len(bad)} line(s) are not valid UTF-8 (line {shown}); "
                       "the undecodable bytes were replaced by U+FFFD", stacklevel=2)
     return lines
-
-# %% ../book/appendix_a_data.ipynb #db4de7f0
-def multi30k_dir(data_dir: str | Path | None = None, download: bool = True) -> Path:
-    """The folder holding the verified Multi30k files: `data_dir`, else $TRANSFORMER_LIB_DATA, else the cache (downloading)."""
-    if data_dir is None and os.environ.get(DATA_ENV):
-        data_dir, source = os.environ[DATA_ENV], f"the folder in ${DATA_ENV}"
-    else:
-        source = "the folder passed as data_dir"
-    if data_dir is not None:
-        folder = Path(data_dir).expanduser()
-        if problems := _problems(folder, MULTI30K_SHA256):
-            raise DataError(f"{source} ({folder}) cannot be used: {'; '.join(problems)}. {_by_hand()}")
-        return folder
-    folder = cache_dir() / "multi30k"
-    if problems := _problems(folder, MULTI30K_SHA256):
-        if not download:
-            raise DataError(f"the cache ({folder}) is incomplete: {'; '.join(problems)}. {_by_hand()}")
-        download_multi30k(folder)
-    return folder
 
 # %% ../book/appendix_a_data.ipynb #9975d9e3
 def _read_lines(path: Path) -> list[str]:

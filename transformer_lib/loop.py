@@ -70,7 +70,8 @@ def _prepare(config: TrainConfig, out: Path, resume: bool, data_dir: str | Path 
              tokenizer: BPETokenizer | None, procs: Processes,
              corpus: tuple | None = None) -> tuple[dict[str, Any] | None, BPETokenizer, tuple, tuple[int, int]]:
     """The checkpoint to resume from (or None), the tokenizer, the encoded data, and the numbers of training and
-    validation pairs before the pairs too long for max_sentence_len (training) or the model's positions (validation) went."""
+    validation pairs before the pairs too long for max_sentence_len (training) or the model's positions (validation)
+    went."""
     last_path, state = out / "last.pt", None
     if resume:
         state = load_checkpoint(last_path)
