@@ -246,7 +246,7 @@ def test_the_two_draws_of_attention_differ_in_the_draw_alone_and_kept_their_tran
     machine, one budget in steps, and each split's translations beside the record, a line per sentence."""
     from transformer_lib.data import load_multi30k
 
-    xavier, packed = _load("float32/cpu_xavier_init.json"), _load("shipped/cpu_packed_init.json")
+    xavier, packed = _load("float32/cpu_xavier_init.json"), _load("float32/cpu_packed_init.json")
     # xavier was the cpu preset's draw then, so that run's overrides lack it; the preset has taken the packed draw since
     assert "attention_init" not in xavier["overrides"] and packed["overrides"]["attention_init"] == "packed"
     assert TrainConfig.from_preset("cpu").attention_init == "packed"
@@ -255,7 +255,7 @@ def test_the_two_draws_of_attention_differ_in_the_draw_alone_and_kept_their_tran
     assert _same_but(xavier, packed)
     for key in ("device", "precision", "torch_version", "steps", "epochs", "tokens", "parameters", "decoding"):
         assert xavier[key] == packed[key], key
-    for name in ("float32/cpu_xavier_init", "shipped/cpu_packed_init"):
+    for name in ("float32/cpu_xavier_init", "float32/cpu_packed_init"):
         for split in ("val", "test2016"):
             lines = (ROOT / "results" / f"{name}.{split}.txt").read_text(encoding="utf-8").splitlines()
             assert len(lines) == len(load_multi30k(split)) and sum(map(bool, lines)) == len(lines), (name, split)

@@ -21,11 +21,18 @@ import torch  # noqa: E402
 
 from transformer_lib.checkpoints import load_model  # noqa: E402
 from transformer_lib.data import load_multi30k  # noqa: E402
+from transformer_lib.files import atomic_write  # noqa: E402
 from transformer_lib.pretrained import CARD, CARD_MARKDOWN, PRETRAINED_FORMAT, load_pretrained, model_card, write_pretrained  # noqa: E402
 from transformer_lib.translate import evaluate_bleu  # noqa: E402
 
 RUN_FIELDS = ("command", "run", "overrides", "device", "torch_version", "precision", "date", "steps", "epochs",
               "tokens", "train_minutes", "tokens_per_s", "bleu", "bleu_greedy")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a shipped text file whole or not at all (appendix D): a failure keeps the file it replaces."""
+    with atomic_write(path, "w") as f:
+        f.write(text)
 
 
 def main() -> None:
@@ -45,7 +52,7 @@ def main() -> None:
             "parameters": sum(p.numel() for p in model.parameters()), "train_pairs": setup["train_pairs"],
             "decoding": decoding,
             "signature": record["signature"], "trained": {k: record.get(k) for k in RUN_FIELDS}, "files": files}
-    (args.out / CARD).write_text(json.dumps(card, indent=1) + "\n", encoding="utf-8")  # load_pretrained reads it
+    write_text(args.out / CARD, json.dumps(card, indent=1) + "\n")  # load_pretrained reads it
 
     translator = load_pretrained("cpu", args.out)
     shipped = {"bleu": {}, "bleu_greedy": {}, "scored_with": f"PyTorch {torch.__version__}"}
@@ -61,8 +68,8 @@ def main() -> None:
                      "cased": evaluate_bleu(translator, check, 1)["cased"]}
     if args.limit is not None:
         card["limit"] = f"the first {args.limit} pairs of each split (a dry run: no result)"
-    (args.out / CARD).write_text(json.dumps(card, indent=1) + "\n", encoding="utf-8")
-    (args.out / CARD_MARKDOWN).write_text(model_card(card), encoding="utf-8")
+    write_text(args.out / CARD, json.dumps(card, indent=1) + "\n")
+    write_text(args.out / CARD_MARKDOWN, model_card(card))
     print(json.dumps({"files": files, "check": card["check"]}, indent=1))
 
 
