@@ -25,20 +25,23 @@ from .translate import clean_text
 
 # %% ../book/15c_decoder_only_translator.ipynb #008ab46a
 def matching_depth(config: TransformerConfig) -> int:
-    """How many layers of config's width give a decoder-only stack the parameters of config's encoder and decoder."""
+    """How many layers of config's width give a decoder-only stack the parameters of config's
+    encoder and decoder."""
     c = config
     layer = sum(p.numel() for p in EncoderLayer(c.d_model, c.n_heads, c.d_ff).parameters())
     decoder_layer = sum(p.numel() for p in DecoderLayer(c.d_model, c.n_heads, c.d_ff).parameters())
-    stacks = c.n_encoder_layers * layer + c.n_decoder_layers * decoder_layer  # the encoder-decoder's layers
+    # the encoder-decoder's layers
+    stacks = c.n_encoder_layers * layer + c.n_decoder_layers * decoder_layer
     return max(1, round(stacks / layer))
 
 # %% ../book/15c_decoder_only_translator.ipynb #84265eae
 class DecoderOnlyTranslator(nn.Module):
-    """A translator with no encoder: <bos> German <eos> English <eos> read as one sequence by one causal stack.
+    """A translator with no encoder: <bos> German <eos> English <eos> read as one sequence by one
+    causal stack.
 
-    It answers the trainer's calls as the encoder-decoder does: encode() only hands the source ids on, and
-    decode() reads source and target together and returns the vectors of the target's positions, so the
-    book's batch_loss, recipe and trainer train it unchanged.
+    It answers the trainer's calls as the encoder-decoder does: encode() only hands the source ids
+    on, and decode() reads source and target together and returns the vectors of the target's
+    positions, so the book's batch_loss, recipe and trainer train it unchanged.
     """
 
     def __init__(self, config: TransformerConfig, n_layers: int | None = None) -> None:
@@ -64,56 +67,75 @@ class DecoderOnlyTranslator(nn.Module):
 
 # %% ../book/15c_decoder_only_translator.ipynb #12809d8c
 def _joined(self: DecoderOnlyTranslator, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
-    """<bos>, the source (B, S) with its <eos>, then the target (B, T) without its <bos>, as one right-padded
-    sequence (B, S + T); and each row's separator (B,): the index of the source's <eos>, which predicts the
-    target's first token."""
+    """<bos>, the source (B, S) with its <eos>, then the target (B, T) without its <bos>, as one
+    right-padded sequence (B, S + T); and each row's separator (B,): the index of the source's
+    <eos>, which predicts the target's first token."""
     c = self.config
     bos = src.new_full((src.size(0), 1), c.bos_id)  # (B, 1)
-    seq = torch.cat([bos, src, tgt[:, 1:]], dim=1)  # (B, S + T): the source's padding sits in the middle
-    order = (seq == c.pad_id).to(torch.int8).argsort(dim=1, stable=True)  # (B, S + T): real tokens first, in order
+    # (B, S + T): the source's padding sits in the middle
+    seq = torch.cat([bos, src, tgt[:, 1:]], dim=1)
+    # (B, S + T): real tokens first, in order
+    order = (seq == c.pad_id).to(torch.int8).argsort(dim=1, stable=True)
     return seq.gather(1, order), (src != c.pad_id).sum(dim=1)  # (B, S + T), (B,)
 
 
-def _stack(self: DecoderOnlyTranslator, ids: Tensor, positions: Tensor, mask: Tensor | None = None,
-           cache: list[KVCache] | None = None) -> Tensor:
+DecoderOnlyTranslator.joined = _joined
+
+# %% ../book/15c_decoder_only_translator.ipynb #54a06b3f
+def _stack(
+    self: DecoderOnlyTranslator,
+    ids: Tensor,
+    positions: Tensor,
+    mask: Tensor | None = None,
+    cache: list[KVCache] | None = None,
+) -> Tensor:
     """Embed ids (B, T) at positions (T,) or (B, T) and run every layer: (B, T, D)."""
     if positions.numel() and int(positions.max()) >= self.config.max_len:
-        raise ValueError(f"German and English together need {int(positions.max()) + 1} positions, but the "
-                         f"model has max_len={self.config.max_len}")
+        raise ValueError(
+            f"German and English together need {int(positions.max()) + 1} positions, but the "
+            f"model has max_len={self.config.max_len}"
+        )
     x = self.positional.dropout(self.embed(ids) + self.positional.pe[positions])  # (B, T, D)
     for i, layer in enumerate(self.layers):
         x = layer(x, mask, None if cache is None else cache[i])  # (B, T, D)
     return self.norm(x)  # (B, T, D)
 
 
-DecoderOnlyTranslator.joined, DecoderOnlyTranslator.stack = _joined, _stack
+DecoderOnlyTranslator.stack = _stack
 
 # %% ../book/15c_decoder_only_translator.ipynb #048261a0
 def _encode(self: DecoderOnlyTranslator, src: Tensor) -> tuple[Tensor, Tensor]:
-    """No encoder: the source ids (B, S) stand in for the memory, with their padding mask (B, 1, 1, S)."""
+    """No encoder: the source ids (B, S) stand in for the memory, with their padding mask
+    (B, 1, 1, S)."""
     return src, padding_mask(src, self.config.pad_id)
 
 
 def _decode(self: DecoderOnlyTranslator, tgt: Tensor, memory: Tensor, src_mask: Tensor,
             cache: list[KVCache] | None = None, offset: int = 0) -> Tensor:
-    """Target ids (B, T) read after the source ids `memory` (B, S): the vectors (B, T, D) at the target's
-    positions, from which the generator predicts the next tokens. src_mask is not needed: padding goes last."""
+    """Target ids (B, T) read after the source ids `memory` (B, S): the vectors (B, T, D) at the
+    target's positions, from which the generator predicts the next tokens. src_mask is not needed:
+    padding goes last."""
     if cache is not None or offset:
-        raise ValueError("decode() runs source and target in full; greedy_translate and beam_translate keep "
-                         "the cache")
+        raise ValueError(
+            "decode() runs source and target in full; greedy_translate and beam_translate keep "
+            "the cache"
+        )
     seq, start = self.joined(memory, tgt)  # (B, S + T), (B,)
-    hidden = self.stack(seq, torch.arange(seq.size(1), device=seq.device))  # (B, S + T, D): the causal mask
-    at = start[:, None] + torch.arange(tgt.size(1), device=tgt.device)  # (B, T): the separator, then the target
+    # (B, S + T, D): the causal mask
+    hidden = self.stack(seq, torch.arange(seq.size(1), device=seq.device))
+    # (B, T): the separator, then the target
+    at = start[:, None] + torch.arange(tgt.size(1), device=tgt.device)
     return hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.size(-1)))  # (B, T, D)
 
 
+DecoderOnlyTranslator.encode, DecoderOnlyTranslator.decode = _encode, _decode
+
+# %% ../book/15c_decoder_only_translator.ipynb #cfdb30be
 def _forward(self: DecoderOnlyTranslator, src: Tensor, tgt: Tensor) -> Tensor:
-    """Source ids (B, S) and target ids (B, T) to next-token log-probabilities (B, T, V) of the target."""
+    """Source ids (B, S) and target ids (B, T) to next-token log-probabilities (B, T, V) of the
+    target."""
     memory, src_mask = self.encode(src)  # (B, S), (B, 1, 1, S)
     return self.generator(self.decode(tgt, memory, src_mask))  # (B, T, V)
-
-
-DecoderOnlyTranslator.encode, DecoderOnlyTranslator.decode = _encode, _decode
 
 
 def _new_cache(self: DecoderOnlyTranslator) -> list[KVCache]:
@@ -128,11 +150,14 @@ def _next_log_probs(model: DecoderOnlyTranslator, hidden: Tensor) -> Tensor:
     """log p(next token) (R, V) from vectors (R, D); <pad> and <bos> are never an output."""
     c = model.config
     log_probs = model.generator(hidden)  # (R, V)
-    return log_probs.index_fill(-1, torch.tensor([c.pad_id, c.bos_id], device=hidden.device), float("-inf"))
+    return log_probs.index_fill(
+        -1, torch.tensor([c.pad_id, c.bos_id], device=hidden.device), float("-inf")
+    )
 
 
 class _Prefixes:
-    """R rows being decoded: each one's source and output so far, and (with a cache) the keys it may read."""
+    """R rows being decoded: each one's source and output so far, and (with a cache) the keys it
+    may read."""
 
     def __init__(self, model: DecoderOnlyTranslator, src: Tensor, use_cache: bool) -> None:
         self.model, self.src = model, src  # (R, S)
@@ -141,21 +166,28 @@ class _Prefixes:
         if self.cache is None:
             self.log_probs = self._recomputed()  # (R, V)
             return
-        seq = torch.cat([src.new_full((src.size(0), 1), model.config.bos_id), src], dim=1)  # (R, P = 1 + S)
-        hidden = model.stack(seq, torch.arange(seq.size(1), device=src.device), cache=self.cache)  # (R, P, D)
+        # (R, P = 1 + S)
+        seq = torch.cat([src.new_full((src.size(0), 1), model.config.bos_id), src], dim=1)
+        # (R, P, D)
+        hidden = model.stack(seq, torch.arange(seq.size(1), device=src.device), cache=self.cache)
         self.start = (src != model.config.pad_id).sum(dim=1)  # (R,): each row's separator <eos>
         self.keys = seq != model.config.pad_id  # (R, P): the cached keys that later tokens may read
-        self.log_probs = _next_log_probs(model, hidden[torch.arange(src.size(0)), self.start])  # (R, V)
+        # (R, V)
+        self.log_probs = _next_log_probs(model, hidden[torch.arange(src.size(0)), self.start])
 
     def _recomputed(self) -> Tensor:
-        """Without a cache: the whole sequence again, as in training; the last position's prediction (R, V)."""
+        """Without a cache: the whole sequence again, as in training; the last position's
+        prediction (R, V)."""
         bos = self.src.new_full((self.src.size(0), 1), self.model.config.bos_id)  # (R, 1)
-        hidden = self.model.decode(torch.cat([bos, self.ys], dim=1), *self.model.encode(self.src))  # (R, 1 + t, D)
+        # (R, 1 + t, D)
+        hidden = self.model.decode(torch.cat([bos, self.ys], dim=1), *self.model.encode(self.src))
         return _next_log_probs(self.model, hidden[:, -1])  # (R, V)
 
     def extend(self, rows: Tensor, tokens: Tensor, run: bool = True) -> None:
-        """Keep rows (R',) (a row may be kept more than once) and append tokens (R',); run: predict the next."""
-        self.src, self.ys = self.src[rows], torch.cat([self.ys[rows], tokens[:, None]], dim=1)  # (R', S), (R', t)
+        """Keep rows (R',) (a row may be kept more than once) and append tokens (R',); run: predict
+        the next."""
+        # (R', S), (R', t)
+        self.src, self.ys = self.src[rows], torch.cat([self.ys[rows], tokens[:, None]], dim=1)
         if not run:
             return
         if self.cache is None:
@@ -164,14 +196,18 @@ class _Prefixes:
         for layer_cache in self.cache:
             layer_cache.reorder(rows)
         self.start = self.start[rows]  # (R',)
-        self.keys = torch.cat([self.keys[rows], self.keys.new_ones(rows.numel(), 1)], dim=1)  # (R', P + t)
-        at = (self.start + self.ys.size(1))[:, None]  # (R', 1): after the separator and t - 1 earlier tokens
-        hidden = self.model.stack(tokens[:, None], at, self.keys[:, None, None, :], self.cache)  # (R', 1, D)
+        # (R', P + t)
+        self.keys = torch.cat([self.keys[rows], self.keys.new_ones(rows.numel(), 1)], dim=1)
+        # (R', 1): after the separator and t - 1 earlier tokens
+        at = (self.start + self.ys.size(1))[:, None]
+        # (R', 1, D)
+        hidden = self.model.stack(tokens[:, None], at, self.keys[:, None, None, :], self.cache)
         self.log_probs = _next_log_probs(self.model, hidden[:, 0])  # (R', V)
 
 # %% ../book/15c_decoder_only_translator.ipynb #9c98d822
-def _greedy(model: DecoderOnlyTranslator, src: Tensor, max_len: int | None, use_cache: bool,
-            alpha: float) -> list[tuple[float, list[int]]]:
+def _greedy(
+    model: DecoderOnlyTranslator, src: Tensor, max_len: int | None, use_cache: bool, alpha: float
+) -> list[tuple[float, list[int]]]:
     """Each sentence's greedy decode, with its score log p / lp as beam search ranks hypotheses."""
     steps, eos = output_budget(model, src, max_len), model.config.eos_id
     outputs: list[tuple[float, list[int]]] = [(0.0, [])] * src.size(0)
@@ -181,8 +217,9 @@ def _greedy(model: DecoderOnlyTranslator, src: Tensor, max_len: int | None, use_
         for t in range(1, steps + 1):
             best, token = rows.log_probs.max(dim=-1)  # (A,), (A,)
             scores = scores + best  # (A,)
-            for a in (token == eos).nonzero()[:, 0].tolist():  # a finished sentence leaves the batch
-                outputs[live[a]] = (scores[a].item() / length_penalty(t, alpha), rows.ys[a].tolist())
+            for a in (token == eos).nonzero()[:, 0].tolist():  # a finished sentence leaves
+                score = scores[a].item() / length_penalty(t, alpha)
+                outputs[live[a]] = (score, rows.ys[a].tolist())
             going = (token != eos).nonzero()[:, 0]  # (A',)
             live, scores = [live[a] for a in going.tolist()], scores[going]
             if not live:
@@ -193,55 +230,83 @@ def _greedy(model: DecoderOnlyTranslator, src: Tensor, max_len: int | None, use_
     return outputs
 
 
-def greedy_translate(model: DecoderOnlyTranslator, src: Tensor, max_len: int | None = None,
-                     use_cache: bool = True) -> list[list[int]]:
+def greedy_translate(
+    model: DecoderOnlyTranslator, src: Tensor, max_len: int | None = None, use_cache: bool = True
+) -> list[list[int]]:
     """Decode each sentence of src (B, S) by taking the most probable next token until its <eos>."""
     return [tokens for _, tokens in _greedy(model, src, max_len, use_cache, 1.0)]
 
 # %% ../book/15c_decoder_only_translator.ipynb #147c000c
-def beam_translate(model: DecoderOnlyTranslator, src: Tensor, beam_size: int = 4, alpha: float = 1.0,
-                   max_len: int | None = None, use_cache: bool = True) -> list[list[int]]:
-    """For each sentence of src (B, S), the best by log p / lp (GNMT) of its beam's hypotheses and its greedy
-    decode: the rule of the encoder-decoder's beam_search, so that the two models are decoded alike."""
+def beam_translate(
+    model: DecoderOnlyTranslator,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 1.0,
+    max_len: int | None = None,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """For each sentence of src (B, S), the best by log p / lp (GNMT) of its beam's hypotheses and
+    its greedy decode: the rule of the encoder-decoder's beam_search, so that the two models are
+    decoded alike."""
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be at least 1")
     K, eos, steps = beam_size, model.config.eos_id, output_budget(model, src, max_len)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]  # (score, tokens)
+    # (score, tokens)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
     with evaluating(model):
-        rows = _Prefixes(model, src, use_cache)  # the K beams of a sentence start as its one row: W = 1
+        # the K beams of a sentence start as its one row: W = 1
+        rows = _Prefixes(model, src, use_cache)
         live, W = list(range(src.size(0))), 1
-        scores = torch.zeros(src.size(0), 1, device=src.device)  # (A, W): log p of each beam's prefix
+        # (A, W): log p of each beam's prefix
+        scores = torch.zeros(src.size(0), 1, device=src.device)
         for t in range(1, steps + 1):
             A, V = len(live), rows.log_probs.size(-1)
-            candidates = (scores[:, :, None] + rows.log_probs.view(A, W, V)).view(A, W * V)  # (A, W*V)
+            # (A, W*V)
+            candidates = (scores[:, :, None] + rows.log_probs.view(A, W, V)).view(A, W * V)
             top, flat = candidates.topk(2 * K, dim=-1)  # (A, 2K), best first
-            beam, token = flat // V, flat % V  # (A, 2K): which beam each candidate extends, with which token
+            # (A, 2K): which beam each candidate extends, with which token
+            beam, token = flat // V, flat % V
             is_eos = token == eos  # (A, 2K)
             for a, j in (is_eos[:, :K] & (top[:, :K] > float("-inf"))).nonzero().tolist():
                 if len(finished[live[a]]) < K:
                     tokens = rows.ys[a * W + beam[a, j].item()].tolist()
                     finished[live[a]].append((top[a, j].item() / length_penalty(t, alpha), tokens))
-            searching = [a for a in range(A) if len(finished[live[a]]) < K]  # complete sentences leave
+            # complete sentences leave
+            searching = [a for a in range(A) if len(finished[live[a]]) < K]
             going = torch.tensor(searching, dtype=torch.long, device=src.device)  # (A',)
-            keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[going, :K]  # (A', K): best K without eos
-            picked = (going[:, None] * W + beam[going].gather(1, keep)).view(-1)  # (A'*K,): the rows they extend
+            # (A', K): best K without eos
+            keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[going, :K]
+            # (A'*K,): the rows they extend
+            picked = (going[:, None] * W + beam[going].gather(1, keep)).view(-1)
             scores, live, W = top[going].gather(1, keep), [live[a] for a in searching], K  # (A', K)
             if not live:
                 break
             rows.extend(picked, token[going].gather(1, keep).view(-1), run=t < steps)
     for a, b in enumerate(live):  # out of budget: the open beams count as finished, without <eos>
         if len(finished[b]) < K:
-            finished[b] += [(scores[a, k].item() / length_penalty(steps, alpha), rows.ys[a * K + k].tolist())
-                            for k in range(K) if scores[a, k] > float("-inf")]
+            finished[b] += [
+                (scores[a, k].item() / length_penalty(steps, alpha), rows.ys[a * K + k].tolist())
+                for k in range(K)
+                if scores[a, k] > float("-inf")
+            ]
     greedy = _greedy(model, src, max_len, use_cache, alpha)
     return [max(f + [g], key=lambda scored: scored[0])[1] for f, g in zip(finished, greedy)]
 
 # %% ../book/15c_decoder_only_translator.ipynb #2472441a
-def translate_sentences(model: DecoderOnlyTranslator, tokenizer: BPETokenizer, sentences: Sequence[str],
-                        beam_size: int = 4, alpha: float = 1.0, batch_size: int = 128) -> list[str]:
-    """Translations of sentences (empty for empty), in batches of similar length; beam_size=1 is greedy."""
+def translate_sentences(
+    model: DecoderOnlyTranslator,
+    tokenizer: BPETokenizer,
+    sentences: Sequence[str],
+    beam_size: int = 4,
+    alpha: float = 1.0,
+    batch_size: int = 128,
+) -> list[str]:
+    """Translations of sentences (empty for empty), in batches of similar length; beam_size=1 is
+    greedy."""
     if isinstance(sentences, str):
-        raise TypeError("translate_sentences takes a list of sentences; wrap a single sentence in a list")
+        raise TypeError(
+            "translate_sentences takes a list of sentences; wrap a single sentence in a list"
+        )
     device, eos = next(model.parameters()).device, model.config.eos_id
     ids = {i: tokenizer.encode(clean_text(s)) + [eos] for i, s in enumerate(sentences) if s.strip()}
     order = sorted(ids, key=lambda i: len(ids[i]))  # similar lengths share a batch
@@ -249,15 +314,20 @@ def translate_sentences(model: DecoderOnlyTranslator, tokenizer: BPETokenizer, s
     for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
         src = pad_ids([ids[i] for i in batch], model.config.pad_id).to(device)  # (B, S)
-        hyps = greedy_translate(model, src) if beam_size == 1 else beam_translate(model, src, beam_size, alpha)
+        hyps = (
+            greedy_translate(model, src)
+            if beam_size == 1
+            else beam_translate(model, src, beam_size, alpha)
+        )
         for i, hyp in zip(batch, hyps):
             outputs[i] = tokenizer.decode(hyp)
     return outputs
 
 # %% ../book/15c_decoder_only_translator.ipynb #66787fb1
 def prefix_attention(model: DecoderOnlyTranslator, src: Tensor, tgt: Tensor) -> Tensor:
-    """The attention weights (L, H, T, S) that each target position of tgt (1, T) gives the S source tokens of
-    src (1, S) (German and its <eos>), in every layer: the decoder-only model's counterpart of cross-attention."""
+    """The attention weights (L, H, T, S) that each target position of tgt (1, T) gives the S
+    source tokens of src (1, S) (German and its <eos>), in every layer: the decoder-only model's
+    counterpart of cross-attention."""
     if src.size(0) != 1 or tgt.size(0) != 1:
         raise ValueError("prefix_attention reads one sentence: src (1, S) and tgt (1, T)")
     for layer in model.layers:
@@ -266,8 +336,9 @@ def prefix_attention(model: DecoderOnlyTranslator, src: Tensor, tgt: Tensor) -> 
         with evaluating(model):
             model(src, tgt)  # (1, T, V); each layer keeps its weights (1, H, 1 + S + T - 1, same)
         start, T = int((src != model.config.pad_id).sum()), tgt.size(1)
-        return torch.stack([layer.self_attn_weights[0, :, start : start + T, 1 : start + 1]
-                            for layer in model.layers])  # (L, H, T, S): rows of the target, columns of German
+        weights = [layer.self_attn_weights[0, :, start : start + T, 1 : start + 1]
+                   for layer in model.layers]  # L of (H, T, S): target rows, German columns
+        return torch.stack(weights)  # (L, H, T, S)
     finally:
         for layer in model.layers:
             layer.keep_weights, layer.self_attn_weights = False, None
