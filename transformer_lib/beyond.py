@@ -26,23 +26,29 @@ from .positional import SinusoidalPositionalEncoding
 
 # %% ../book/15_beyond_the_paper.ipynb #1ca77547
 class RotaryEmbedding(nn.Module):
-    """Rotary embedding (Su et al., 2021): turns feature pair (2i, 2i+1) at position p by p theta_i."""
+    """Rotary embedding (Su et al., 2021): turns feature pair (2i, 2i+1) at position p by p
+    theta_i."""
 
     def __init__(self, d_head: int, max_len: int = 512, base: float = 10000.0) -> None:
         super().__init__()
         if d_head < 2 or d_head % 2:
-            raise ValueError(f"rotary embeddings turn pairs of features: d_head={d_head} must be a positive "
-                             "even number")
+            raise ValueError(
+                f"rotary embeddings turn pairs of features: d_head={d_head} must be a positive "
+                "even number"
+            )
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         self.d_head, self.max_len = d_head, max_len
-        theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (Dh/2,): theta_i
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float64), theta)  # (L, Dh/2): p * theta_i
+        # (Dh/2,): theta_i
+        theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+        # (L, Dh/2): p * theta_i
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float64), theta)
         self.register_buffer("cos", angles.cos().float(), persistent=False)  # (L, Dh/2)
         self.register_buffer("sin", angles.sin().float(), persistent=False)  # (L, Dh/2)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Rotate x (..., T, Dh), whose rows stand at positions offset..offset+T-1; returns (..., T, Dh)."""
+        """Rotate x (..., T, Dh), whose rows stand at positions offset..offset+T-1; returns
+        (..., T, Dh)."""
         if x.size(-1) != self.d_head:
             raise ValueError(f"the input has head width {x.size(-1)}, but the rotary tables have "
                              f"d_head={self.d_head}")
@@ -50,17 +56,22 @@ class RotaryEmbedding(nn.Module):
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
         if offset + T > self.max_len:
-            raise ValueError(f"a sequence of length {T} at offset {offset} needs {offset + T} positions, "
-                             f"but max_len={self.max_len}; build the rotary tables with a larger max_len")
+            raise ValueError(
+                f"a sequence of length {T} at offset {offset} needs {offset + T} positions, "
+                f"but max_len={self.max_len}; build the rotary tables with a larger max_len"
+            )
         cos = self.cos[offset : offset + T].to(x.dtype)  # (T, Dh/2)
         sin = self.sin[offset : offset + T].to(x.dtype)  # (T, Dh/2)
-        x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, Dh/2) each: first and second feature of every pair
-        turned = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, Dh/2, 2)
+        # (..., T, Dh/2) each: first and second feature of every pair
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        # (..., T, Dh/2, 2)
+        turned = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
         return rearrange(turned, "... half two -> ... (half two)")  # (..., T, Dh)
 
 # %% ../book/15_beyond_the_paper.ipynb #54076e7a
 class RotaryMultiHeadAttention(MultiHeadAttention):
-    """Multi-head self-attention with rotated queries and keys (RoPE): scores see relative positions only."""
+    """Multi-head self-attention with rotated queries and keys (RoPE): scores see relative
+    positions only."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
                  use_sdpa: bool = True, max_len: int = 512, base: float = 10000.0) -> None:
@@ -71,25 +82,39 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
         self.rotary = RotaryEmbedding(self.d_head, max_len, base)
 
     def _queries(self, x_q: Tensor, cache: KVCache | None) -> Tensor:
-        """Queries (B, H, T, Dh) rotated at their positions, which follow the len(cache) cached ones."""
+        """Queries (B, H, T, Dh) rotated at their positions, which follow the len(cache) cached
+        ones."""
         offset = len(cache) if cache is not None else 0
         return self.rotary(super()._queries(x_q, cache), offset)  # (B, H, T, Dh)
 
     def _keys_values(self, x_kv: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
-        """Keys rotated at their positions before they are cached, and values; all of them (B, H, S, Dh)."""
+        """Keys rotated at their positions before they are cached, and values; all of them
+        (B, H, S, Dh)."""
         offset = len(cache) if cache is not None else 0
         k = self.rotary(self._heads(self.k_proj(x_kv)), offset)  # (B, H, S_new, Dh)
         v = self._heads(self.v_proj(x_kv))  # (B, H, S_new, Dh)
         return (k, v) if cache is None else cache.update(k, v)  # (B, H, offset + S_new, Dh)
 
-    def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Self-attention of x (B, T, D) at positions len(cache)..: (B, T, D) and the weights or None."""
+    def forward(
+        self,
+        x_q: Tensor,
+        x_kv: Tensor,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention of x (B, T, D) at positions len(cache)..: (B, T, D) and the weights or
+        None."""
         if x_q.shape != x_kv.shape:
-            raise ValueError(f"rotary attention is self-attention: queries {tuple(x_q.shape)} and keys "
-                             f"{tuple(x_kv.shape)} must come from the same sequence")
+            raise ValueError(
+                f"rotary attention is self-attention: queries {tuple(x_q.shape)} and keys "
+                f"{tuple(x_kv.shape)} must come from the same sequence"
+            )
         if cache is not None and cache.static:
-            raise ValueError("rotary attention is self-attention; a static cache belongs to cross-attention")
+            raise ValueError(
+                "rotary attention is self-attention; a static cache belongs to cross-attention"
+            )
         return super().forward(x_q, x_kv, mask, cache, need_weights, is_causal)
 
 # %% ../book/15_beyond_the_paper.ipynb #7804243d
@@ -112,7 +137,9 @@ class DecoderOnlyConfig:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"DecoderOnlyConfig.{name} must be a positive integer, got {value!r}")
+                raise ValueError(
+                    f"DecoderOnlyConfig.{name} must be a positive integer, got {value!r}"
+                )
         if self.d_model % self.n_heads:
             raise ValueError(f"DecoderOnlyConfig.d_model={self.d_model} is not divisible by "
                              f"n_heads={self.n_heads}")
@@ -120,40 +147,47 @@ class DecoderOnlyConfig:
             raise ValueError(f"rotary embeddings need an even head width, got d_model / n_heads = "
                              f"{self.d_model // self.n_heads}")
         if not self.rotary and self.d_model % 2:
-            raise ValueError(f"DecoderOnlyConfig.d_model={self.d_model} must be even for the sinusoidal "
-                             "encoding")
+            raise ValueError(
+                f"DecoderOnlyConfig.d_model={self.d_model} must be even for the sinusoidal encoding"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"DecoderOnlyConfig.dropout must be in [0, 1), got {self.dropout!r}")
 
 # %% ../book/15_beyond_the_paper.ipynb #12cdb9ec
 class DecoderOnlyLayer(EncoderLayer):
-    """GPT's block: an encoder layer run causally, with a key/value cache and optional rotary self-attention."""
+    """GPT's block: an encoder layer run causally, with a key/value cache and optional rotary
+    self-attention."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = True,
-                 rotary: bool = False, max_len: int = 512, attention_dropout: float | None = None,
-                 ffn_dropout: float | None = None) -> None:
-        super().__init__(d_model, n_heads, d_ff, dropout, norm_first, attention_dropout, ffn_dropout)
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1,
+                 norm_first: bool = True, rotary: bool = False, max_len: int = 512,
+                 attention_dropout: float | None = None, ffn_dropout: float | None = None) -> None:
+        super().__init__(
+            d_model, n_heads, d_ff, dropout, norm_first, attention_dropout, ffn_dropout
+        )
         if rotary:
             p = dropout if attention_dropout is None else attention_dropout
             self.self_attn = RotaryMultiHeadAttention(d_model, n_heads, p, max_len=max_len)
 
     def _attention(self, h: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
         out, weights = self.self_attn(h, h, mask, cache, need_weights=self.keep_weights,
-                                      is_causal=mask is None and h.size(1) > 1)  # (B, T, D), (B, H, T, S) or None
+                                      is_causal=mask is None and h.size(1) > 1)
+        # out (B, T, D); weights (B, H, T, S) or None
         if self.keep_weights:
             self.self_attn_weights = weights
         return out
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """x (B, T, D) after len(cache) cached positions; mask (B|1, 1, T, cached + T), True where a query may
-        look, or None for the causal mask: of the whole sequence with nothing cached, or of one new token, which
-        may look at every position. Returns (B, T, D)."""
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                cache: KVCache | None = None) -> Tensor:
+        """x (B, T, D) after len(cache) cached positions; mask (B|1, 1, T, cached + T), True where
+        a query may look, or None for the causal mask: of the whole sequence with nothing cached, or
+        of one new token, which may look at every position. Returns (B, T, D)."""
         x = self.sublayers[0](x, lambda h: self._attention(h, mask, cache))  # (B, T, D)
         return self.sublayers[1](x, self.ffn)  # (B, T, D)
 
 # %% ../book/15_beyond_the_paper.ipynb #e4f1ba52
 class DecoderOnlyLM(nn.Module):
-    """Decoder-only language model (GPT, Radford et al., 2018): embedding, causal layers, norm, generator."""
+    """Decoder-only language model (GPT, Radford et al., 2018): embedding, causal layers, norm,
+    generator."""
 
     def __init__(self, config: DecoderOnlyConfig) -> None:
         super().__init__()
@@ -162,8 +196,11 @@ class DecoderOnlyLM(nn.Module):
         self.positional = None if c.rotary else SinusoidalPositionalEncoding(c.d_model, c.max_len)
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
-            DecoderOnlyLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.rotary, c.max_len)
-            for _ in range(c.n_layers))
+            DecoderOnlyLayer(
+                c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.rotary, c.max_len
+            )
+            for _ in range(c.n_layers)
+        )
         self.norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.generator = Generator(c.d_model, c.vocab_size)
         for p in self.parameters():
@@ -177,13 +214,18 @@ class DecoderOnlyLM(nn.Module):
         return [KVCache() for _ in self.layers]
 
     def forward(self, ids: Tensor, cache: list[KVCache] | None = None) -> Tensor:
-        """Token ids (B, T), after the cached positions if any, to next-token log-probabilities (B, T, V)."""
+        """Token ids (B, T), after the cached positions if any, to next-token log-probabilities
+        (B, T, V)."""
         if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache has {len(cache)} entries for {len(self.layers)} layers; use new_cache()")
+            raise ValueError(
+                f"cache has {len(cache)} entries for {len(self.layers)} layers; use new_cache()"
+            )
         T = ids.size(1)
         offset = len(cache[0]) if cache else 0
         if offset + T > self.config.max_len:
-            raise ValueError(f"{offset} cached and {T} new positions exceed max_len={self.config.max_len}")
+            raise ValueError(
+                f"{offset} cached and {T} new positions exceed max_len={self.config.max_len}"
+            )
         x = self.embed(ids)  # (B, T, D)
         if self.positional is not None:
             x = self.positional(x, offset)  # (B, T, D)
@@ -194,10 +236,13 @@ class DecoderOnlyLM(nn.Module):
         return self.generator(self.norm(x))  # (B, T, V)
 
     def generate(self, prompt: Tensor, max_new_tokens: int, use_cache: bool = True) -> Tensor:
-        """Greedy continuation of prompt (B, T0) to (B, T0 + max_new_tokens), each new token the likeliest."""
+        """Greedy continuation of prompt (B, T0) to (B, T0 + max_new_tokens), each new token the
+        likeliest."""
         if max_new_tokens < 0 or prompt.size(1) + max_new_tokens > self.config.max_len:
-            raise ValueError(f"a prompt of {prompt.size(1)} tokens and {max_new_tokens} new ones must fit in "
-                             f"max_len={self.config.max_len}")
+            raise ValueError(
+                f"a prompt of {prompt.size(1)} tokens and {max_new_tokens} new ones must fit in "
+                f"max_len={self.config.max_len}"
+            )
         with evaluating(self):
             cache = self.new_cache() if use_cache else None
             ids, step = prompt, prompt  # (B, T0), (B, T0)
@@ -214,41 +259,56 @@ N_DIGITS = 8
 
 
 def copy_sequences(n: int, generator: torch.Generator) -> Tensor:
-    """n sequences (n, 2 * N_DIGITS + 2): <bos>, N_DIGITS random digits, |, the same digits again."""
+    """n sequences (n, 2 * N_DIGITS + 2): <bos>, N_DIGITS random digits, |, the same digits
+    again."""
     digits = torch.randint(3, len(COPY_VOCAB), (n, N_DIGITS), generator=generator)  # (n, N_DIGITS)
     bos, sep = torch.full((n, 1), BOS_ID), torch.full((n, 1), SEP_ID)  # (n, 1) each
     return torch.cat([bos, digits, sep, digits], dim=1)  # (n, 2 * N_DIGITS + 2)
 
 
 def copy_loss(model: DecoderOnlyLM, ids: Tensor) -> Tensor:
-    """Mean next-token loss of model on sequences ids (B, 2 * N_DIGITS + 2), over the copied digits only."""
+    """Mean next-token loss of model on sequences ids (B, 2 * N_DIGITS + 2), over the copied digits
+    only."""
     log_probs = model(ids[:, :-1])  # (B, T, V), T = 2 * N_DIGITS + 1
     targets = ids[:, 1:].clone()  # (B, T)
-    targets[:, : N_DIGITS + 1] = PAD_ID  # (B, T): the random digits and the separator are not scored
+    # (B, T): the random digits and the separator are not scored
+    targets[:, : N_DIGITS + 1] = PAD_ID
     return F.nll_loss(log_probs.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID)
 
 # %% ../book/15_beyond_the_paper.ipynb #34d698c0
 def copy_config(**changes: Any) -> DecoderOnlyConfig:
-    """The small model of the copy task: two layers, D = 64, four heads, no dropout; `changes` override fields."""
-    sizes = dict(vocab_size=len(COPY_VOCAB), d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, max_len=32)
+    """The small model of the copy task: two layers, D = 64, four heads, no dropout; `changes`
+    override fields."""
+    sizes = dict(vocab_size=len(COPY_VOCAB), d_model=64, n_heads=4, n_layers=2, d_ff=256,
+                 dropout=0.0, max_len=32)
     return DecoderOnlyConfig(**{**sizes, **changes})
 
 
-def train_copy(config: DecoderOnlyConfig, steps: int, lr: float, warmup: int = 1, batch_size: int = 32,
-               seed: int = 0, make_sequences: Callable[[int, torch.Generator], Tensor] = copy_sequences,
-               ) -> tuple[DecoderOnlyLM, list[float]]:
-    """Train a DecoderOnlyLM on the copy task (or make_sequences') with Adam, warm-up over `warmup` steps.
+def train_copy(
+    config: DecoderOnlyConfig,
+    steps: int,
+    lr: float,
+    warmup: int = 1,
+    batch_size: int = 32,
+    seed: int = 0,
+    make_sequences: Callable[[int, torch.Generator], Tensor] = copy_sequences,
+) -> tuple[DecoderOnlyLM, list[float]]:
+    """Train a DecoderOnlyLM on the copy task (or make_sequences') with Adam, warm-up over
+    `warmup` steps.
 
     Returns the model in evaluation mode and the loss of every step.
     """
     torch.manual_seed(seed)
     model = DecoderOnlyLM(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup)
+    )
     generator = torch.Generator().manual_seed(seed + 1)
     losses = []
     for _ in range(steps):
-        loss = copy_loss(model, make_sequences(batch_size, generator))  # make_sequences: (B, 2 * N_DIGITS + 2)
+        # make_sequences: (B, 2 * N_DIGITS + 2)
+        loss = copy_loss(model, make_sequences(batch_size, generator))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
