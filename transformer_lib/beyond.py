@@ -186,8 +186,7 @@ class DecoderOnlyLayer(EncoderLayer):
 
 # %% ../book/15_beyond_the_paper.ipynb #e4f1ba52
 class DecoderOnlyLM(nn.Module):
-    """Decoder-only language model (GPT, Radford et al., 2018): embedding, causal layers, norm,
-    generator."""
+    """Decoder-only language model (GPT, Radford et al., 2018): embedding, causal layers."""
 
     def __init__(self, config: DecoderOnlyConfig) -> None:
         super().__init__()
@@ -196,11 +195,9 @@ class DecoderOnlyLM(nn.Module):
         self.positional = None if c.rotary else SinusoidalPositionalEncoding(c.d_model, c.max_len)
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
-            DecoderOnlyLayer(
-                c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.rotary, c.max_len
-            )
-            for _ in range(c.n_layers)
-        )
+            DecoderOnlyLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.rotary,
+                             c.max_len)
+            for _ in range(c.n_layers))
         self.norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.generator = Generator(c.d_model, c.vocab_size)
         for p in self.parameters():
@@ -217,15 +214,13 @@ class DecoderOnlyLM(nn.Module):
         """Token ids (B, T), after the cached positions if any, to next-token log-probabilities
         (B, T, V)."""
         if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(
-                f"cache has {len(cache)} entries for {len(self.layers)} layers; use new_cache()"
-            )
+            raise ValueError(f"cache has {len(cache)} entries for {len(self.layers)} layers; "
+                             "use new_cache()")
         T = ids.size(1)
         offset = len(cache[0]) if cache else 0
         if offset + T > self.config.max_len:
-            raise ValueError(
-                f"{offset} cached and {T} new positions exceed max_len={self.config.max_len}"
-            )
+            raise ValueError(f"{offset} cached and {T} new positions exceed "
+                             f"max_len={self.config.max_len}")
         x = self.embed(ids)  # (B, T, D)
         if self.positional is not None:
             x = self.positional(x, offset)  # (B, T, D)
@@ -239,10 +234,8 @@ class DecoderOnlyLM(nn.Module):
         """Greedy continuation of prompt (B, T0) to (B, T0 + max_new_tokens), each new token the
         likeliest."""
         if max_new_tokens < 0 or prompt.size(1) + max_new_tokens > self.config.max_len:
-            raise ValueError(
-                f"a prompt of {prompt.size(1)} tokens and {max_new_tokens} new ones must fit in "
-                f"max_len={self.config.max_len}"
-            )
+            raise ValueError(f"a prompt of {prompt.size(1)} tokens and {max_new_tokens} new ones "
+                             f"must fit in max_len={self.config.max_len}")
         with evaluating(self):
             cache = self.new_cache() if use_cache else None
             ids, step = prompt, prompt  # (B, T0), (B, T0)
