@@ -20,7 +20,10 @@ from .positional import SinusoidalPositionalEncoding
 # %% ../book/10_transformer.ipynb #49c66178
 @dataclass
 class TransformerConfig:
-    """Sizes and switches of the encoder-decoder Transformer; the defaults are the paper's base model (Table 3)."""
+    """Sizes and switches of the encoder-decoder Transformer.
+
+    The defaults are the paper's base model (Table 3).
+    """
 
     vocab_size: int
     d_model: int = 512
@@ -30,12 +33,12 @@ class TransformerConfig:
     d_ff: int = 2048
     dropout: float = 0.1  # on each sub-layer's output and on the embedding sums (Sec. 5.4)
     attention_dropout: float | None = None  # on the attention weights; None: the same as dropout
-    ffn_dropout: float | None = None  # on the feed-forward network's hidden units; None: the same as dropout
+    ffn_dropout: float | None = None  # on the feed-forward hidden units; None: as dropout
     max_len: int = 512
     norm_first: bool = False
     final_norm: bool | None = None  # None: the same as norm_first
     tie_embeddings: bool = True
-    attention_init: str = "xavier"  # "xavier": each (D, D) projection alone; "packed": as nn.MultiheadAttention
+    attention_init: str = "xavier"  # "xavier": each (D, D) alone; "packed": as PyTorch draws
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -51,7 +54,7 @@ class TransformerConfig:
 
     @classmethod
     def base(cls, vocab_size: int = 37000) -> "TransformerConfig":
-        """The paper's base model: D=512, H=8, 6+6 layers, F=2048, dropout 0.1, shared vocabulary (Table 3)."""
+        """The paper's base model (Table 3): D=512, H=8, 6+6 layers, F=2048, dropout 0.1."""
         return cls(vocab_size=vocab_size)
 
     def to_dict(self) -> dict:
@@ -68,34 +71,41 @@ class TransformerConfig:
 
 # %% ../book/10_transformer.ipynb #74fe659d
 def _check_config(c: TransformerConfig) -> None:
-    """Raise a ValueError that names the field when the sizes, rates, switches or token ids of c do not fit."""
-    for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "max_len"):
+    """Raise a ValueError naming the field when a size, rate, switch or id of c does not fit."""
+    for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff",
+                 "max_len"):
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}")
     if c.d_model % c.n_heads:
-        raise ValueError(f"TransformerConfig.d_model={c.d_model} is not divisible by n_heads={c.n_heads}")
+        raise ValueError(f"TransformerConfig.d_model={c.d_model} is not divisible by "
+                         f"n_heads={c.n_heads}")
     if c.d_model % 2:
-        raise ValueError(f"TransformerConfig.d_model={c.d_model} must be even for the sinusoidal encoding")
+        raise ValueError(f"TransformerConfig.d_model={c.d_model} must be even for the sinusoidal "
+                         "encoding")
     for name in ("dropout", "attention_dropout", "ffn_dropout"):
         if not 0.0 <= getattr(c, name) < 1.0:
-            raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {getattr(c, name)!r}")
+            raise ValueError(f"TransformerConfig.{name} must be in [0, 1), "
+                             f"got {getattr(c, name)!r}")
     for name in ("norm_first", "final_norm", "tie_embeddings"):
         if not isinstance(getattr(c, name), bool):
-            raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(c, name)!r}")
+            raise ValueError(f"TransformerConfig.{name} must be True or False, "
+                             f"got {getattr(c, name)!r}")
     if c.attention_init not in ("xavier", "packed"):
-        raise ValueError(f"TransformerConfig.attention_init must be 'xavier' or 'packed', got {c.attention_init!r}")
+        raise ValueError("TransformerConfig.attention_init must be 'xavier' or 'packed', "
+                         f"got {c.attention_init!r}")
     for name in ("pad_id", "bos_id", "eos_id"):
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < c.vocab_size:
-            raise ValueError(f"TransformerConfig.{name}={value!r} is not a token id below vocab_size={c.vocab_size}")
+            raise ValueError(f"TransformerConfig.{name}={value!r} is not a token id "
+                             f"below vocab_size={c.vocab_size}")
     if len({c.pad_id, c.bos_id, c.eos_id}) < 3:
         raise ValueError(f"TransformerConfig.pad_id, bos_id and eos_id must differ, got "
                          f"{c.pad_id}, {c.bos_id}, {c.eos_id}")
 
 # %% ../book/10_transformer.ipynb #0800415c
 class Generator(nn.Linear):
-    """Decoder output (B, T, D) to log-probabilities (B, T, V): Generator(d_model, vocab_size), Sec. 3.4."""
+    """Decoder output (B, T, D) to log-probabilities (B, T, V), Sec. 3.4."""
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Unnormalised scores (B, T, V)."""
@@ -103,14 +113,16 @@ class Generator(nn.Linear):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Log-probabilities (B, T, V) over the vocabulary, in float32 even under autocast."""
-        # A log-softmax over thousands of bfloat16 scores is off by up to ~0.05 nats; float32 costs little here.
+        # A log-softmax over thousands of bfloat16 scores is off by up to ~0.05 nats;
+        # float32 costs little here.
         return F.log_softmax(self.logits(h).float(), dim=-1)
 
 # %% ../book/10_transformer.ipynb #a7e1c0de
 @torch.no_grad()
 def init_attention_packed(attention: MultiHeadAttention) -> None:
-    """Initialise as nn.MultiheadAttention does: one Xavier draw over the packed (3D, D) query/key/value matrix
-    (a bound sqrt(2) times smaller than over each (D, D) alone), and zero biases in all four projections."""
+    """Initialise as nn.MultiheadAttention does: one Xavier draw over the packed (3D, D)
+    query/key/value matrix (a bound sqrt(2) times smaller than over each (D, D) alone), and zero
+    biases in all four projections."""
     D = attention.q_proj.in_features
     packed = nn.init.xavier_uniform_(torch.empty(3 * D, D))  # (3D, D)
     for proj, rows in zip((attention.q_proj, attention.k_proj, attention.v_proj), packed.chunk(3)):
@@ -119,10 +131,9 @@ def init_attention_packed(attention: MultiHeadAttention) -> None:
         if proj.bias is not None:
             proj.bias.zero_()
 
-
 # %% ../book/10_transformer.ipynb #7cc4e387
 class Transformer(nn.Module):
-    """The encoder-decoder Transformer (Figure 1): embeddings, positional encoding, encoder, decoder, generator."""
+    """The encoder-decoder Transformer of Figure 1: embeddings, positions, stacks, generator."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -130,10 +141,9 @@ class Transformer(nn.Module):
         self.src_embed = TokenEmbedding(c.vocab_size, c.d_model)
         self.tgt_embed = TokenEmbedding(c.vocab_size, c.d_model)
         self.positional = SinusoidalPositionalEncoding(c.d_model, c.max_len, c.dropout)
-        self.encoder = Encoder(c.d_model, c.n_heads, c.d_ff, c.n_encoder_layers, c.dropout, c.norm_first, c.final_norm,
-                               c.attention_dropout, c.ffn_dropout)
-        self.decoder = Decoder(c.d_model, c.n_heads, c.d_ff, c.n_decoder_layers, c.dropout, c.norm_first, c.final_norm,
-                               c.attention_dropout, c.ffn_dropout)
+        rest = (c.dropout, c.norm_first, c.final_norm, c.attention_dropout, c.ffn_dropout)
+        self.encoder = Encoder(c.d_model, c.n_heads, c.d_ff, c.n_encoder_layers, *rest)
+        self.decoder = Decoder(c.d_model, c.n_heads, c.d_ff, c.n_decoder_layers, *rest)
         self.generator = Generator(c.d_model, c.vocab_size)
         for p in self.parameters():
             if p.dim() > 1:
@@ -154,7 +164,7 @@ class Transformer(nn.Module):
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                cache: list[LayerCache] | None = None, offset: int = 0) -> torch.Tensor:
-        """Target ids (B, T) at positions offset.. to decoder vectors (B, T, D); with a cache, offset = cached length.
+        """Target ids (B, T) at positions offset.. (the cached length) to vectors (B, T, D).
 
         tgt must be right-padded: outputs at padded positions are not masked and mean nothing.
         """
@@ -162,14 +172,15 @@ class Transformer(nn.Module):
         if cache is None:
             if offset:
                 raise ValueError(f"offset={offset} needs the cache of the earlier positions")
-            tgt_mask = None  # right-padded targets need only the causal mask: a flag, no tensor (chapter 9)
+            tgt_mask = None  # right-padded targets need only the causal mask: a flag (chapter 9)
         else:
             cached = len(cache[0].self_attn) if cache else 0
             if offset != cached:
                 raise ValueError(f"offset={offset} but the cache holds {cached} positions")
-            tgt_mask = None if T == 1 else causal_mask(T, tgt.device, offset=offset)  # (1, 1, T, offset + T)
+            # (1, 1, T, offset + T)
+            tgt_mask = None if T == 1 else causal_mask(T, tgt.device, offset=offset)
         y = self.positional(self.tgt_embed(tgt), offset)  # (B, T, D)
-        return self.decoder(y, memory, tgt_mask, src_mask, cache, tgt_is_causal=cache is None)  # (B, T, D)
+        return self.decoder(y, memory, tgt_mask, src_mask, cache, tgt_is_causal=cache is None)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """Source ids (B, S) and target ids (B, T) to next-token log-probabilities (B, T, V)."""
@@ -177,12 +188,15 @@ class Transformer(nn.Module):
         return self.generator(self.decode(tgt, memory, src_mask))  # (B, T, V)
 
     def new_cache(self) -> list[LayerCache]:
-        """An empty key/value cache, one LayerCache per decoder layer, for decode(..., cache, offset)."""
+        """An empty key/value cache, one LayerCache per decoder layer, for decode(...)."""
         return self.decoder.new_cache()
 
 # %% ../book/10_transformer.ipynb #7f4e0e65
 def parameter_counts(model: Transformer) -> dict[str, int]:
-    """Parameters by kind (embeddings, attention, feed-forward, layer norm, generator), each shared one counted once."""
+    """Parameters by kind (embeddings, attention, feed-forward, layer norm, generator).
+
+    A shared parameter is counted once.
+    """
     kinds = {"embeddings": 0, "attention": 0, "feed-forward": 0, "layer norm": 0, "generator": 0}
     for name, p in model.named_parameters():  # yields a shared parameter once, under its first name
         if "embed" in name:
@@ -199,24 +213,46 @@ def parameter_counts(model: Transformer) -> dict[str, int]:
     return kinds
 
 # %% ../book/10_transformer.ipynb #482aebe9
-def _from_torch(cls: type[Transformer], transformer: nn.Transformer, src_embed: nn.Embedding, tgt_embed: nn.Embedding,
-                generator: nn.Linear, max_len: int = 512, pad_id: int = 0, bos_id: int = 1,
-                eos_id: int = 2) -> Transformer:
+def _from_torch(
+    cls: type[Transformer],
+    transformer: nn.Transformer,
+    src_embed: nn.Embedding,
+    tgt_embed: nn.Embedding,
+    generator: nn.Linear,
+    max_len: int = 512,
+    pad_id: int = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+) -> Transformer:
     """Ours with the weights of a batch_first nn.Transformer, its embeddings and output layer.
 
-    The reference pipeline this reproduces: embedding * sqrt(D) + sinusoidal encoding -> nn.Transformer
+    The reference pipeline this reproduces: embedding * sqrt(D) + sinusoidal encoding ->
+    nn.Transformer
     (with padding and causal masks) -> Linear -> log_softmax.
     """
     enc_norm, dec_norm = transformer.encoder.norm, transformer.decoder.norm
     if (enc_norm is None) != (dec_norm is None):
-        raise ValueError("from_torch needs a final norm in both the encoder and the decoder, or in neither")
+        raise ValueError(
+            "from_torch needs a final norm in both the encoder and the decoder, or in neither"
+        )
     first = transformer.encoder.layers[0]
     tied = src_embed.weight is tgt_embed.weight is generator.weight
     config = TransformerConfig(
-        vocab_size=src_embed.num_embeddings, d_model=first.linear1.in_features, n_heads=first.self_attn.num_heads,
-        n_encoder_layers=len(transformer.encoder.layers), n_decoder_layers=len(transformer.decoder.layers),
-        d_ff=first.linear1.out_features, dropout=first.dropout.p, max_len=max_len, norm_first=first.norm_first,
-        final_norm=enc_norm is not None, tie_embeddings=tied, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+        vocab_size=src_embed.num_embeddings,
+        d_model=first.linear1.in_features,
+        n_heads=first.self_attn.num_heads,
+        n_encoder_layers=len(transformer.encoder.layers),
+        n_decoder_layers=len(transformer.decoder.layers),
+        d_ff=first.linear1.out_features,
+        dropout=first.dropout.p,
+        max_len=max_len,
+        norm_first=first.norm_first,
+        final_norm=enc_norm is not None,
+        tie_embeddings=tied,
+        pad_id=pad_id,
+        bos_id=bos_id,
+        eos_id=eos_id,
+    )
     ours = cls(config)
     ours.encoder = Encoder.from_torch(transformer.encoder)
     ours.decoder = Decoder.from_torch(transformer.decoder)
@@ -225,7 +261,9 @@ def _from_torch(cls: type[Transformer], transformer: nn.Transformer, src_embed: 
         if not tied:
             ours.tgt_embed.embedding.weight.copy_(tgt_embed.weight)
             ours.generator.weight.copy_(generator.weight)
-        ours.generator.bias.copy_(generator.bias if generator.bias is not None else torch.zeros(config.vocab_size))
+        ours.generator.bias.copy_(
+            generator.bias if generator.bias is not None else torch.zeros(config.vocab_size)
+        )
     return ours.train(transformer.training).to(src_embed.weight.device)
 
 
