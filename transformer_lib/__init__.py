@@ -18,9 +18,12 @@ from .data import DataError, load_multi30k, multi30k_dir
 from .tokenizer import BPETokenizer, multi30k_tokenizer
 from .runtime import machine_preset
 from .embeddings import TokenEmbedding
-from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
-from .attention import KVCache, MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
-from .layers import Decoder, DecoderLayer, Encoder, EncoderLayer, PositionwiseFeedForward
+from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from .positional import sinusoidal_encoding
+from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from .attention import causal_mask, padding_mask
+from .layers import Decoder, DecoderLayer, Encoder, EncoderLayer
+from .layers import PositionwiseFeedForward
 from .model import Transformer, TransformerConfig
 from .recipe import LabelSmoothingLoss, NoamSchedule
 from .config import PRESETS, TrainConfig
@@ -28,20 +31,26 @@ from .checkpoints import CheckpointError, load_model
 from .decoding import beam_search, greedy_decode, sample
 from .translate import Translator
 from .pretrained import load_pretrained
-from .beyond import DecoderOnlyConfig, DecoderOnlyLM, RotaryEmbedding, RotaryMultiHeadAttention
+from .beyond import DecoderOnlyConfig, DecoderOnlyLM
+from .beyond import RotaryEmbedding, RotaryMultiHeadAttention
 
-_all_ = ["DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k_tokenizer", "TokenEmbedding",
-         "LearnedPositionalEncoding", "SinusoidalPositionalEncoding", "sinusoidal_encoding", "KVCache",
-         "MultiHeadAttention", "causal_mask", "padding_mask", "scaled_dot_product_attention", "Decoder", "DecoderLayer",
-         "Encoder", "EncoderLayer", "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS",
-         "CheckpointError", "LabelSmoothingLoss", "NoamSchedule", "TrainConfig", "load_model", "train", "beam_search",
-         "greedy_decode", "sample", "Translator", "evaluate_checkpoint", "load_pretrained", "machine_preset",
-         "DecoderOnlyConfig", "DecoderOnlyLM", "RotaryEmbedding", "RotaryMultiHeadAttention"]
+# %% ../book/api.ipynb #bb8f1ff6
+_all_ = [
+    "DataError", "load_multi30k", "multi30k_dir", "BPETokenizer", "multi30k_tokenizer",
+    "TokenEmbedding", "LearnedPositionalEncoding", "SinusoidalPositionalEncoding",
+    "sinusoidal_encoding", "KVCache", "MultiHeadAttention", "causal_mask", "padding_mask",
+    "scaled_dot_product_attention", "Decoder", "DecoderLayer", "Encoder", "EncoderLayer",
+    "PositionwiseFeedForward", "Transformer", "TransformerConfig", "PRESETS", "CheckpointError",
+    "LabelSmoothingLoss", "NoamSchedule", "TrainConfig", "load_model", "train", "beam_search",
+    "greedy_decode", "sample", "Translator", "evaluate_checkpoint", "load_pretrained",
+    "machine_preset", "DecoderOnlyConfig", "DecoderOnlyLM", "RotaryEmbedding",
+    "RotaryMultiHeadAttention",
+]
 
 
 def __getattr__(name: str) -> object:
-    """`train` and `evaluate_checkpoint` are imported on first use, so that a program that only translates never loads
-    the trainer or the run records."""
+    """`train` and `evaluate_checkpoint` are imported on first use, so that a program that only
+    translates never loads the trainer or the run records."""
     if name == "train":
         from transformer_lib.loop import train
 

@@ -21,7 +21,8 @@ from .files import atomic_write, sha256_file
 
 MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
 MULTI30K_URL = (  # {split} is a file stem (train, val, test_2016_flickr), {lang} is de or en
-    f"https://raw.githubusercontent.com/multi30k/dataset/{MULTI30K_COMMIT}/data/task1/raw/{{split}}.{{lang}}.gz"
+    "https://raw.githubusercontent.com/multi30k/dataset/"
+    f"{MULTI30K_COMMIT}/data/task1/raw/{{split}}.{{lang}}.gz"
 )
 MULTI30K_SHA256 = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -45,26 +46,27 @@ class DataError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """The library's cache folder: $TRANSFORMER_LIB_CACHE, else $XDG_CACHE_HOME/transformer_lib, else ~/.cache/transformer_lib."""
+    """The library's cache folder: $TRANSFORMER_LIB_CACHE, else $XDG_CACHE_HOME/transformer_lib,
+    else ~/.cache/transformer_lib."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     if os.environ.get("XDG_CACHE_HOME"):
         return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "transformer_lib"
     return Path.home() / ".cache" / "transformer_lib"
 
-
+# %% ../book/appendix_a_data.ipynb #223823fd
 def _by_hand() -> str:
     """How to supply the files without the downloader, for error messages."""
     names = ", ".join(MULTI30K_SHA256)
+    where = MULTI30K_URL.format(split="<stem>", lang="<lang>")
     return (
-        f"To supply the data by hand, put the six files ({names}) from "
-        f"{MULTI30K_URL.format(split='<stem>', lang='<lang>')} into a folder and set the environment "
-        f"variable {DATA_ENV} to that folder, or pass it as data_dir=..."
+        f"To supply the data by hand, put the six files ({names}) from {where} into a folder "
+        f"and set the environment variable {DATA_ENV} to that folder, or pass it as data_dir=..."
     )
 
 
 def _problems(folder: Path, checksums: Mapping[str, str]) -> list[str]:
-    """What is wrong with the files in `folder` (missing or with the wrong hash); empty when all is well."""
+    """What is wrong with the files in `folder` (missing, or a wrong hash); empty if all is well."""
     found = []
     for name, expected in checksums.items():
         path = folder / name
@@ -74,9 +76,9 @@ def _problems(folder: Path, checksums: Mapping[str, str]) -> list[str]:
             found.append(f"{name} has SHA-256 {actual}, expected {expected}")
     return found
 
-# %% ../book/appendix_a_data.ipynb #59e2080f
-def _download_file(url: str, dest: Path, expected_sha256: str, timeout: float, progress: bool) -> None:
-    """Download `url` to `dest` all at once or not at all (atomic_write), its SHA-256 checked before the rename."""
+# %% ../book/appendix_a_data.ipynb #9a308d64
+def _download_file(url: str, dest: Path, expected: str, timeout: float, progress: bool) -> None:
+    """`url` into `dest`, whole or not at all (atomic_write), its hash checked before the rename."""
     try:
         with atomic_write(dest) as out, urllib.request.urlopen(url, timeout=timeout) as response:
             digest, received = hashlib.sha256(), 0
@@ -90,20 +92,22 @@ def _download_file(url: str, dest: Path, expected_sha256: str, timeout: float, p
                     bar.update(len(block))
             if bar is not None:
                 bar.close()
-            if total is not None and received != total:  # read(n) returns b"" when the server hangs up early
+            if total is not None and received != total:  # read(n) gives b"" on an early hang-up
                 raise DataError(
-                    f"could not download {dest.name} from {url}: the connection closed after {received} of "
-                    f"{total} bytes. {_by_hand()}"
+                    f"could not download {dest.name} from {url}: the connection closed after "
+                    f"{received} of {total} bytes. {_by_hand()}"
                 )
-            if digest.hexdigest() != expected_sha256:
+            if digest.hexdigest() != expected:
                 raise DataError(
                     f"{dest.name} downloaded from {url} has SHA-256 {digest.hexdigest()}, expected "
-                    f"{expected_sha256}: the download is corrupt or the file changed upstream. {_by_hand()}"
+                    f"{expected}: the download is corrupt or the file changed upstream. "
+                    f"{_by_hand()}"
                 )
     except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
-        raise DataError(f"could not download {dest.name} from {url}: {error}. {_by_hand()}") from error
+        message = f"could not download {dest.name} from {url}: {error}. {_by_hand()}"
+        raise DataError(message) from error
 
-
+# %% ../book/appendix_a_data.ipynb #726ffd0c
 def _progress_bar(total: int | None, name: str):
     """A tqdm progress bar in bytes, or None when tqdm is not installed."""
     try:
@@ -112,7 +116,7 @@ def _progress_bar(total: int | None, name: str):
         return None
     return tqdm(total=total, unit="B", unit_scale=True, desc=name, leave=False)
 
-
+# %% ../book/appendix_a_data.ipynb #bdbe1d74
 def download_multi30k(
     dest: str | Path,
     base_url: str = MULTI30K_URL,
@@ -120,7 +124,7 @@ def download_multi30k(
     timeout: float = 60.0,
     progress: bool = True,
 ) -> Path:
-    """Download the Multi30k files that are missing or corrupt in `dest`, verifying each SHA-256; returns `dest`."""
+    """Download the Multi30k files missing or corrupt in `dest`, checking each; returns `dest`."""
     dest = Path(dest).expanduser()
     dest.mkdir(parents=True, exist_ok=True)
     for name, expected in checksums.items():
@@ -133,7 +137,8 @@ def download_multi30k(
 
 # %% ../book/appendix_a_data.ipynb #db4de7f0
 def multi30k_dir(data_dir: str | Path | None = None, download: bool = True) -> Path:
-    """The folder holding the verified Multi30k files: `data_dir`, else $TRANSFORMER_LIB_DATA, else the cache (downloading)."""
+    """The folder holding the verified Multi30k files: `data_dir`, else $TRANSFORMER_LIB_DATA, else
+    the cache (downloading)."""
     if data_dir is None and os.environ.get(DATA_ENV):
         data_dir, source = os.environ[DATA_ENV], f"the folder in ${DATA_ENV}"
     else:
@@ -141,19 +146,22 @@ def multi30k_dir(data_dir: str | Path | None = None, download: bool = True) -> P
     if data_dir is not None:
         folder = Path(data_dir).expanduser()
         if problems := _problems(folder, MULTI30K_SHA256):
-            raise DataError(f"{source} ({folder}) cannot be used: {'; '.join(problems)}. {_by_hand()}")
+            found = "; ".join(problems)
+            raise DataError(f"{source} ({folder}) cannot be used: {found}. {_by_hand()}")
         return folder
     folder = cache_dir() / "multi30k"
     if problems := _problems(folder, MULTI30K_SHA256):
         if not download:
-            raise DataError(f"the cache ({folder}) is incomplete: {'; '.join(problems)}. {_by_hand()}")
+            found = "; ".join(problems)
+            raise DataError(f"the cache ({folder}) is incomplete: {found}. {_by_hand()}")
         download_multi30k(folder)
     return folder
 
 # %% ../book/appendix_a_data.ipynb #dc85d2de
 def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
-    """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes that are not UTF-8:
-    invalid="error" raises DataError naming the line, invalid="replace" makes them U+FFFD and warns, naming lines."""
+    """Lines of UTF-8 bytes (split at \\n only, \\r\\n too; a byte-order mark dropped). Bytes
+    that are not UTF-8: invalid="error" raises DataError naming the line, invalid="replace" makes
+    them U+FFFD and warns, naming the lines."""
     if invalid not in ("error", "replace"):
         raise ValueError(f"invalid={invalid!r} must be 'error' or 'replace'")
     raw = data.split(b"\n")
@@ -166,7 +174,8 @@ def read_lines(data: bytes, name: str = "input", *, invalid: str) -> list[str]:
             lines.append(line.decode("utf-8"))
         except UnicodeDecodeError as err:
             if invalid == "error":
-                raise DataError(f"{name}: line {number} is not valid UTF-8 (byte {line[err.start]:#04x}); "
+                byte = line[err.start]
+                raise DataError(f"{name}: line {number} is not valid UTF-8 (byte {byte:#04x}); "
                                 "save the file as UTF-8") from None
             lines.append(line.decode("utf-8", errors="replace"))
             bad.append(number)
@@ -185,9 +194,10 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def load_multi30k(split: str, data_dir: str | Path | None = None) -> list[tuple[str, str]]:
-    """The (german, english) sentence pairs of one split ("train", "val" or "test2016"), in file order."""
+    """The (german, english) pairs of a split ("train", "val" or "test2016"), in file order."""
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; the Multi30k splits are {', '.join(map(repr, SPLITS))}")
+        names = ", ".join(map(repr, SPLITS))
+        raise ValueError(f"unknown split {split!r}; the Multi30k splits are {names}")
     folder = multi30k_dir(data_dir)
     stem = SPLIT_FILES[split]
     german, english = (_read_lines(folder / f"{stem}.{lang}.gz") for lang in LANGUAGES)
@@ -200,7 +210,8 @@ def load_multi30k(split: str, data_dir: str | Path | None = None) -> list[tuple[
 
 # %% ../book/appendix_a_data.ipynb #0792e0cf
 def directed(pairs: Sequence[tuple[str, str]], direction: str = "de-en") -> list[tuple[str, str]]:
-    """Multi30k's (German, English) pairs as (source, target) pairs of a direction, "de-en" or "en-de"."""
+    """Multi30k's (German, English) pairs as (source, target) pairs of a direction, "de-en" or
+    "en-de"."""
     if direction not in ("de-en", "en-de"):
         raise ValueError(f"direction={direction!r} must be one of de-en, en-de")
     return [(b, a) if direction == "en-de" else (a, b) for a, b in pairs]
