@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import colab_figures  # noqa: E402
 import fold_solutions  # noqa: E402
 import number_titles  # noqa: E402
+import wrap_code_lines  # noqa: E402
 
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 MAX_WIDTH = 100  # characters of a code line the site shows: the content column holds 100 at 1280 px (_static/)
@@ -215,3 +216,20 @@ def test_the_page_scripts_find_what_is_left_to_do(tmp_path):
     for change in (fold_solutions.change, number_titles.change, colab_figures.change):
         assert differs(change, path) == []  # idempotent
     assert raw_myst(done["cells"]) == []
+
+
+def test_wrapping_moves_comments_and_reflows_docstrings_only():
+    """tools/wrap_code_lines.py: long comments and docstrings fit; a long statement is left for a person."""
+    code = ('def f(x):\n'
+            '    """' + "A docstring long enough to pass the limit of the column, " * 2 + 'it goes on."""\n'
+            '    y = x + 1  # ' + "a trailing comment that pushes the line over the limit " * 2 + '\n'
+            '    return [x, y, "' + "a long string that no tool should break " * 3 + '"]\n')
+    wrapped = wrap_code_lines.wrap_code(code)
+    lines = wrapped.split("\n")
+    assert [len(line) > MAX_WIDTH for line in lines].count(True) == 1 and lines[-2] == code.split("\n")[-2]
+    assert lines[0] == "def f(x):" and lines[1].startswith('    """A docstring') and '"""' in lines[2]
+    at = lines.index("    y = x + 1")
+    assert lines[3].strip().startswith("# a trailing comment") and all(
+        line.startswith("    # ") for line in lines[3:at])
+    compile(wrapped, "cell", "exec")
+    assert wrap_code_lines.wrap_code(wrapped) == wrapped
