@@ -14,6 +14,8 @@ Each check runs on every notebook, one test per page, so that a failure names th
   columns.
 * **Solutions fold**: every solution is in the ``<details>`` form and its code cells fold
   (tools/fold_solutions.py would change nothing).
+* **Figures open in Colab**: named by their raw address at the ref of this version (tools/colab_figures.py would
+  change nothing).
 * **Titles carry the book's numbers** (tools/number_titles.py would change nothing).
 
 The checkers are tested on planted cells below, so that each one can fail.
@@ -152,6 +154,13 @@ def test_tables_fit(path):
 def test_solutions_fold(path):
     found = differs(fold_solutions.change, path)
     assert not found, f"{path.name}: solutions not folded (run tools/fold_solutions.py): {', '.join(found)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_figures_open_in_colab(path):
+    """Every figure of book/figures/ is named by its raw address at this version's ref (the set-up cell's)."""
+    found = differs(colab_figures.change, path)
+    assert not found, f"{path.name}: figures to point at this version (run tools/colab_figures.py): {', '.join(found)}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
