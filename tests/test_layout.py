@@ -68,11 +68,18 @@ def code_lines(cell: dict) -> list[str]:
     return [line for line in text(cell).splitlines() if not NBDEV.match(line)]
 
 
+def in_code_span(markdown: str, at: int) -> bool:
+    """Whether position `at` lies inside a code span: an odd number of backticks before it in its paragraph."""
+    start = markdown.rfind("\n\n", 0, at) + 1
+    return markdown.count("`", start, at) % 2 == 1
+
+
 def raw_myst(cells: list[dict]) -> list[str]:
     found = []
     for i, cell in enumerate(cells):
         if cell["cell_type"] == "markdown":
-            found += [f"cell {i}: {m.group(0).strip()[:70]}" for m in MYST.finditer(text(cell))]
+            found += [f"cell {i}: {m.group(0).strip()[:70]}" for m in MYST.finditer(text(cell))
+                      if not in_code_span(text(cell), m.start())]
             found += [f"cell {i}: relative figure {m.group(0)[:70]}" for m in RELATIVE_FIGURE.finditer(text(cell))]
     return found
 
@@ -182,7 +189,8 @@ def code(source: str, *tag: str, markdown: str | None = None) -> dict:
 def test_raw_myst_is_found():
     cells = [md("BLEU {glue:text}`bleu:.2f` and {numref}`fig-x`.\n"), md(":::{admonition} Solution\n:::\n"),
              md("```{figure} figures/x.svg\n```\n"), md("(sec-label)=\n# Heading\n"), md("![a](figures/x.svg)\n"),
-             md("Plain `code` and $x$ and ![a](https://example.org/x.svg) and <details>.\n")]
+             md("Plain `code` and $x$ and ![a](https://example.org/x.svg) and <details>.\n"),
+             md("A command `zip -r run.zip {run_dir}` and then `files.download()`.\n")]
     assert [f.split(":")[0] for f in raw_myst(cells)] == ["cell 0", "cell 0", "cell 1", "cell 2", "cell 3", "cell 4"]
 
 
