@@ -1,7 +1,7 @@
 """Write the set-up cell, built from the repository URL and branch in _config.yml and the version in pyproject.toml,
 at the top of every notebook.
 
-Run `python tools/install_cell.py` after changing either; tests/test_book.py fails when a notebook disagrees.
+Run `python tools/install_cell.py` after changing either (or `python tools/install_cell.py NOTEBOOK ...` for some); tests/test_book.py fails when a notebook disagrees.
 The cell carries the `remove-cell` tag: it runs in Colab and under nbval, and the rendered book leaves it out.
 
 The rule that keeps a notebook and its library together: the cell installs the code of the same commit line as
@@ -67,8 +67,7 @@ def install_source() -> str:
         f'        subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", BOOK_REF,\n'
         f'                        "{repository_url()}", "{COPY}"], check=True)\n'
         f'    os.chdir("{COPY}/book")\n'
-        f'    print(f"Working in {COPY}/book, the repository at {{BOOK_REF}}. Colab does not show the "\n'
-        '          "figures of text cells: they are in figures/ here and in the rendered book.")\n'
+        f'    print(f"Working in {COPY}/book, the repository at {{BOOK_REF}}.")\n'
         "try:\n"
         '    installed = importlib.metadata.version("transformer-lib")\n'
         "except importlib.metadata.PackageNotFoundError:\n"
@@ -88,8 +87,9 @@ def is_install_cell(cell) -> bool:
     return cell.source.startswith("# Colab: ")
 
 
-def main() -> None:
-    for path in sorted((ROOT / "book").glob("*.ipynb")):
+def main(paths: list[str]) -> None:
+    """Write the cell into the notebooks named, or into every notebook of book/."""
+    for path in [Path(p).resolve() for p in paths] or sorted((ROOT / "book").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         cell = first_code_cell(nb)
         if cell is not None and is_install_cell(cell):
@@ -108,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -10,5 +10,6 @@ import sys
 
 from .cli import main
 
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer_lib`, not a notebook cell
+# `python -m transformer_lib`, not a notebook cell
+if __name__ == "__main__" and __spec__ is not None:
     sys.exit(main())

@@ -17,8 +17,9 @@ from .tokenizer import _FORMAT_VERSION, BPETokenizer, cached_tokenizer
 
 # %% ../book/eng_corpus.ipynb #1ce19dba
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
-    """(source, target) pairs from two UTF-8 files of one sentence a line; DataError, naming the file (and the
-    line), for a file that cannot be read, an empty file, invalid UTF-8 or different numbers of lines."""
+    """(source, target) pairs from two UTF-8 files of one sentence a line; DataError, naming the
+    file (and the line), for a file that cannot be read, an empty file, invalid UTF-8 or different
+    numbers of lines."""
     sides = []
     for path in (Path(src_path), Path(tgt_path)):
         try:
@@ -30,27 +31,32 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str,
             raise DataError(f"{path} is empty: a corpus file holds one sentence a line")
         sides.append(lines)
     if len(sides[0]) != len(sides[1]):
-        raise DataError(f"{src_path} has {len(sides[0])} lines but {tgt_path} has {len(sides[1])}: line i of the "
-                        "one must translate line i of the other")
+        raise DataError(f"{src_path} has {len(sides[0])} lines but {tgt_path} has {len(sides[1])}: "
+                        "line i of the one must translate line i of the other")
     return list(zip(*sides))
 
 
 def read_corpus(config: TrainConfig) -> tuple[list, list, dict[str, str]] | None:
-    """(training pairs, validation pairs, SHA-256 of each file) of config's corpus files; None for Multi30k."""
+    """(training pairs, validation pairs, SHA-256 of each file) of config's corpus files; None for
+    Multi30k."""
     if config.train_src is None:
         return None
     train_pairs = read_parallel(config.train_src, config.train_tgt)
     val_pairs = read_parallel(config.val_src, config.val_tgt)
     checksums = {name: sha256_file(Path(getattr(config, name))) for name in CORPUS_FIELDS}
     if config.corpus_sha256 is not None and config.corpus_sha256 != checksums:
-        differ = [name for name in CORPUS_FIELDS if config.corpus_sha256.get(name) != checksums[name]]
-        raise DataError(f"{', '.join(getattr(config, n) for n in differ)}: not the files of corpus_sha256 "
-                        "(their checksums differ)")
+        differ = [name for name in CORPUS_FIELDS
+                  if config.corpus_sha256.get(name) != checksums[name]]
+        names = ", ".join(getattr(config, n) for n in differ)
+        raise DataError(f"{names}: not the files of corpus_sha256 (their checksums differ)")
     return train_pairs, val_pairs, checksums
 
 
-def corpus_tokenizer(pairs: Sequence[tuple[str, str]], vocab_size: int, checksums: dict[str, str]) -> BPETokenizer:
-    """The joint BPE tokenizer of a corpus's training pairs, cached under cache_dir() by its files' checksums."""
-    key = hashlib.sha256((checksums["train_src"] + checksums["train_tgt"]).encode()).hexdigest()[:16]
+def corpus_tokenizer(pairs: Sequence[tuple[str, str]], vocab_size: int,
+                     checksums: dict[str, str]) -> BPETokenizer:
+    """The joint BPE tokenizer of a corpus's training pairs, cached under cache_dir() by its files'
+    checksums."""
+    both = checksums["train_src"] + checksums["train_tgt"]
+    key = hashlib.sha256(both.encode()).hexdigest()[:16]
     path = cache_dir() / "tokenizers" / f"corpus-{key}-bpe{vocab_size}-v{_FORMAT_VERSION}.json"
     return cached_tokenizer(path, lambda: pairs, vocab_size)

@@ -182,15 +182,18 @@ def sample(model: Transformer, src: Tensor, temperature: float = 1.0, top_k: int
 # %% ../book/eng_fast_beam_search.ipynb #bda18563
 @dataclass
 class BeamMemoryCache(KVCache):
-    """A cross-attention cache with one row per sentence, read by its K beam rows together, with no copy per beam."""
+    """A cross-attention cache with one row per sentence, read by its K beam rows together, with no
+    copy per beam."""
 
     static: bool = True  # the memory's keys and values, computed at the first step
     group: int = 1  # query rows a*group .. a*group + group - 1 read cached row a, for a < n_groups
     n_groups: int | None = None  # how many cached rows are read by such groups (None: all of them)
     extra: Tensor | None = None  # (E,): the cached row that each query row after the groups reads
 
-    def share(self, group: int, n_groups: int | None = None, extra: Tensor | None = None) -> "BeamMemoryCache":
-        """Say which cached row each query row reads (see `group`, `n_groups`, `extra`); in place, returns self."""
+    def share(self, group: int, n_groups: int | None = None,
+              extra: Tensor | None = None) -> "BeamMemoryCache":
+        """Say which cached row each query row reads (see `group`, `n_groups`, `extra`); in place,
+        returns self."""
         if group < 1 or (n_groups is not None and n_groups < 0):
             raise ValueError(f"group={group} must be at least 1 and n_groups={n_groups} at least 0")
         self.group, self.n_groups, self.extra = group, n_groups, extra
@@ -199,88 +202,107 @@ class BeamMemoryCache(KVCache):
     def query_rows(self) -> Tensor:
         """The cached row (R,) that each of the R query rows reads: R = n_groups * group + E."""
         n_groups = self.k.size(0) if self.n_groups is None else self.n_groups
-        rows = torch.arange(n_groups, device=self.k.device).repeat_interleave(self.group)  # (n_groups * group,)
+        # (n_groups * group,)
+        rows = torch.arange(n_groups, device=self.k.device).repeat_interleave(self.group)
         return rows if self.extra is None else torch.cat([rows, self.extra])  # (R,)
 
     def attend(self, attend: Callable, q: Tensor, k: Tensor, v: Tensor,
                mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """attend() for query rows q (R, H, T, Dh): each group's queries as one block (A, H, G*T, Dh) on its row."""
+        """attend() for query rows q (R, H, T, Dh): each group's queries as one block (A, H, G*T,
+        Dh) on its row."""
         rows = self.query_rows()  # (R,): the cached row of each query row
         if rows.numel() != q.size(0):
             raise ValueError(f"the shared cache serves {rows.numel()} query rows, got {q.size(0)}")
-        if not rows.numel() or (mask is not None and mask.size(2) != 1):  # a copy per query row, as without sharing
-            return attend(q, k[rows], v[rows], mask if mask is None or mask.size(0) == 1 else mask[rows])
+        # a copy per query row, as without sharing
+        if not rows.numel() or (mask is not None and mask.size(2) != 1):
+            one_mask = mask is None or mask.size(0) == 1
+            return attend(q, k[rows], v[rows], mask if one_mask else mask[rows])
         G, n_groups = self.group, k.size(0) if self.n_groups is None else self.n_groups
         n = n_groups * G  # the query rows read in groups; the rest read self.extra
 
         def pick(m: Tensor | None, index: slice | Tensor) -> Tensor | None:
-            return m if m is None or m.size(0) == 1 else m[index]  # a mask of batch 1 fits every row
+            # a mask of batch 1 fits every row
+            return m if m is None or m.size(0) == 1 else m[index]
 
         parts = []  # (output, weights) of the grouped rows, then of the extra rows
         if n:
-            block = rearrange(q[:n], "(a g) h t d -> a h (g t) d", g=G)  # (A, H, G*T, Dh): a group's queries together
+            # (A, H, G*T, Dh): a group's queries together
+            block = rearrange(q[:n], "(a g) h t d -> a h (g t) d", g=G)
             out, weights = attend(block, k[:n_groups], v[:n_groups], pick(mask, slice(0, n_groups)))
             if weights is not None:
                 weights = rearrange(weights, "a h (g t) s -> (a g) h t s", g=G)  # (A*G, H, T, S)
-            parts.append((rearrange(out, "a h (g t) d -> (a g) h t d", g=G), weights))  # (A*G, H, T, Dh)
+            # (A*G, H, T, Dh)
+            parts.append((rearrange(out, "a h (g t) d -> (a g) h t d", g=G), weights))
         if self.extra is not None and self.extra.numel():
             e = self.extra  # (E,)
-            parts.append(attend(q[n:], k[e], v[e], pick(mask, e)))  # (E, H, T, Dh), (E, H, T, S) or None
+            # (E, H, T, Dh), (E, H, T, S) or None
+            parts.append(attend(q[n:], k[e], v[e], pick(mask, e)))
         if len(parts) == 1:
             return parts[0]  # (R, H, T, Dh), (R, H, T, S) or None
         outs, weights = zip(*parts)
-        return torch.cat(outs), None if weights[0] is None else torch.cat(weights)  # (R, H, T, Dh), (R, H, T, S)
+        # (R, H, T, Dh), (R, H, T, S)
+        return torch.cat(outs), None if weights[0] is None else torch.cat(weights)
 
 # %% ../book/eng_fast_beam_search.ipynb #2ed8a233
 def _share_memory(cache: list[LayerCache], src_mask: Tensor, held: list[int], live: list[int],
                   extra_sentences: list[int], K: int) -> tuple[Tensor, list[int]]:
-    """Keep the memory rows (mask and cross-attention caches) of the sentences still read, searching ones first:
-    beam rows a*K .. a*K + K - 1 read row a, the rows after them their extra_sentences' rows."""
+    """Keep the memory rows (mask and cross-attention caches) of the sentences still read, searching
+    ones first: beam rows a*K .. a*K + K - 1 read row a, the rows after them their extra_sentences'
+    rows."""
     now_held = live + sorted(set(extra_sentences) - set(live))  # the sentence of each memory row
     if now_held != held:  # a sentence left: drop its memory rows
         was = {b: i for i, b in enumerate(held)}
-        index = torch.tensor([was[b] for b in now_held], dtype=torch.long, device=src_mask.device)  # (A' + E'',)
+        # (A' + E'',)
+        index = torch.tensor([was[b] for b in now_held], dtype=torch.long, device=src_mask.device)
         src_mask = src_mask.index_select(0, index)  # (A' + E'', 1, 1, S)
         for layer_cache in cache:
             layer_cache.cross_attn.reorder(index)
     at = {b: i for i, b in enumerate(now_held)}
-    extra = torch.tensor([at[b] for b in extra_sentences], dtype=torch.long, device=src_mask.device)  # (E',)
+    # (E',)
+    extra = torch.tensor([at[b] for b in extra_sentences], dtype=torch.long, device=src_mask.device)
     for layer_cache in cache:
         layer_cache.cross_attn.share(K, len(live), extra)
     return src_mask, now_held
 
 # %% ../book/eng_fast_beam_search.ipynb #0bd566f9
 class _GreedyRows:
-    """The greedy decodes that ride in beam search's batch: on a beam's row when their prefix is a beam's."""
+    """The greedy decodes that ride in beam search's batch: on a beam's row when their prefix is a
+    beam's."""
 
     def __init__(self, sentences: list[int], device: torch.device, alpha: float, eos_id: int):
         self.live = sentences  # the sentences whose greedy decode goes on
         self.row = torch.arange(len(sentences), device=device)  # (G,): the row of each one's prefix
         self.scores = torch.zeros(len(sentences), device=device)  # (G,): log p of each one's prefix
-        self.finished: dict[int, list[tuple[float, list[int]]]] = {}  # sentence -> [(log p / lp, tokens)]
+        # sentence -> [(log p / lp, tokens)]
+        self.finished: dict[int, list[tuple[float, list[int]]]] = {}
         self.alpha, self.eos_id = alpha, eos_id
 
     def step(self, log_probs: Tensor, ys: Tensor, t: int, rows: Tensor,
              new_tokens: Tensor) -> tuple[Tensor, Tensor, list[int]]:
-        """Extend each prefix by its best token; gives rows and new_tokens (R,) of the next step with a row added
-        for each greedy prefix that no beam holds, and the sentences of those added rows."""
+        """Extend each prefix by its best token; gives rows and new_tokens (R,) of the next step
+        with a row added for each greedy prefix that no beam holds, and the sentences of those added
+        rows."""
         best, token = log_probs[self.row].max(dim=-1)  # (G,), (G,)
         self.scores = self.scores + best  # (G,)
         ended = token == self.eos_id  # (G,)
         for g in ended.nonzero()[:, 0].tolist():
             tokens = ys[self.row[g], 1:].tolist()
-            self.finished[self.live[g]] = [(self.scores[g].item() / length_penalty(t, self.alpha), tokens)]
+            score = self.scores[g].item() / length_penalty(t, self.alpha)
+            self.finished[self.live[g]] = [(score, tokens)]
         on = (~ended).nonzero()[:, 0]  # (G',)
         prev_row, prev_token = self.row[on], token[on]  # (G',), (G',)
         self.live, self.scores = [self.live[g] for g in on.tolist()], self.scores[on]  # G'
-        same = (rows[None, :] == prev_row[:, None]) & (new_tokens[None, :] == prev_token[:, None])  # (G', R)
+        # (G', R)
+        same = (rows[None, :] == prev_row[:, None]) & (new_tokens[None, :] == prev_token[:, None])
         self.row = torch.empty_like(prev_row)  # (G',)
-        rider, ridden = same.nonzero(as_tuple=True)  # beams hold distinct prefixes: at most one match each
+        # beams hold distinct prefixes: at most one match each
+        rider, ridden = same.nonzero(as_tuple=True)
         self.row[rider] = ridden
         own = (~same.any(dim=1)).nonzero()[:, 0]  # (E',): the greedy decodes off every beam
         self.row[own] = rows.numel() + torch.arange(own.numel(), device=rows.device)
         extra_sentences = [self.live[g] for g in own.tolist()]
-        return torch.cat([rows, prev_row[own]]), torch.cat([new_tokens, prev_token[own]]), extra_sentences
+        rows = torch.cat([rows, prev_row[own]])
+        return rows, torch.cat([new_tokens, prev_token[own]]), extra_sentences
 
     def out_of_budget(self, ys: Tensor, steps: int) -> None:
         """The greedy decodes still going count as finished, without <eos>."""
@@ -291,58 +313,76 @@ class _GreedyRows:
 # %% ../book/eng_fast_beam_search.ipynb #02009145
 def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 1.0,
                 max_len: int | None = None, include_greedy: bool = True) -> list[list[int]]:
-    """The best hypothesis of a beam search for each sentence of src (B, S), scored log p / lp (GNMT)."""
+    """The best hypothesis of a beam search for each sentence of src (B, S), scored log p / lp
+    (GNMT)."""
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be at least 1")
     cfg = model.config
     B, K = src.size(0), beam_size
     steps = output_budget(model, src, max_len)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # (score, tokens) per sentence
+    # (score, tokens) per sentence
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     greedy = _GreedyRows(list(range(B)) if include_greedy else [], src.device, alpha, cfg.eos_id)
     with evaluating(model):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
         cache = model.new_cache()
-        for layer_cache in cache:  # the beams of a sentence will read one copy of its memory's keys and values
+        # the beams of a sentence will read one copy of its memory's keys and values
+        for layer_cache in cache:
             layer_cache.cross_attn = BeamMemoryCache()
-        # the K beams of a sentence start as one <bos>: the first step runs W = 1 row per sentence, later W = K
-        ys = src.new_full((B, 1), cfg.bos_id)  # (A*W + E, 1): A sentences searching, E extra greedy rows
+        # the K beams of a sentence start as one <bos>: the first step runs W = 1 row per sentence,
+        # later W = K
+        # (A*W + E, 1): A sentences searching, E extra greedy rows
+        ys = src.new_full((B, 1), cfg.bos_id)
         live = list(range(B))  # the sentence of each group of W beam rows
-        held = list(range(B))  # the sentence of each row of the memory's mask and cross-attention caches
-        scores = torch.full((B, K), float("-inf"), device=src.device)  # (A, K): log p of each beam's prefix
+        # the sentence of each row of the memory's mask and cross-attention caches
+        held = list(range(B))
+        # (A, K): log p of each beam's prefix
+        scores = torch.full((B, K), float("-inf"), device=src.device)
         scores[:, 0] = 0.0  # one live beam to start with
         W = 1
         for t in range(1, steps + 1):
             A = len(live)
-            # memory is read at the first step only; then the cross-attention caches hold its keys and values
+            # memory is read at the first step only; then the cross-attention caches hold its keys
+            # and values
             log_probs = next_token_log_probs(model, ys, memory, src_mask, cache)  # (A*W + E, V)
             V = log_probs.size(-1)
-            candidates = (scores[:, :, None] + log_probs[: A * W].view(A, W, V)).view(A, K * V)  # (A, K*V)
+            # (A, K*V)
+            candidates = (scores[:, :, None] + log_probs[: A * W].view(A, W, V)).view(A, K * V)
             top, flat = candidates.topk(2 * K, dim=-1)  # (A, 2K), best first
-            beam, token = flat // V, flat % V  # (A, 2K): which beam each candidate extends, with which token
-            row = beam if W == K else torch.zeros_like(beam)  # (A, 2K): that beam's row among the sentence's W
+            # (A, 2K): which beam each candidate extends, with which token
+            beam, token = flat // V, flat % V
+            # (A, 2K): that beam's row among the sentence's W
+            row = beam if W == K else torch.zeros_like(beam)
             is_eos = token == cfg.eos_id  # (A, 2K)
             for a, j in (is_eos[:, :K] & (top[:, :K] > float("-inf"))).nonzero().tolist():
                 if len(finished[live[a]]) < K:
                     tokens = ys[a * W + row[a, j].item(), 1:].tolist()
                     finished[live[a]].append((top[a, j].item() / length_penalty(t, alpha), tokens))
-            searching = [a for a in range(A) if len(finished[live[a]]) < K]  # complete sentences leave the batch
+            # complete sentences leave the batch
+            searching = [a for a in range(A) if len(finished[live[a]]) < K]
             going = torch.tensor(searching, dtype=torch.long, device=src.device)  # (A',)
-            keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[going, :K]  # (A', K): best K without eos
-            rows = (going[:, None] * W + row[going].gather(1, keep)).view(-1)  # (A'*K,): the rows they extend
+            # (A', K): best K without eos
+            keep = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[going, :K]
+            # (A'*K,): the rows they extend
+            rows = (going[:, None] * W + row[going].gather(1, keep)).view(-1)
             new_tokens = token[going].gather(1, keep).view(-1)  # (A'*K,)
             scores = top[going].gather(1, keep)  # (A', K)
             live = [live[a] for a in searching]
-            rows, new_tokens, extra_sentences = greedy.step(log_probs, ys, t, rows, new_tokens)  # (A'*K + E',)
+            # (A'*K + E',)
+            rows, new_tokens, extra_sentences = greedy.step(log_probs, ys, t, rows, new_tokens)
             if not live and not greedy.live:
                 break
-            ys = torch.cat([ys.index_select(0, rows), new_tokens[:, None]], dim=1)  # (A'*K + E', t + 1)
+            # (A'*K + E', t + 1)
+            ys = torch.cat([ys.index_select(0, rows), new_tokens[:, None]], dim=1)
             for layer_cache in cache:  # the prefixes' keys and values follow their rows
                 layer_cache.self_attn.reorder(rows)
             src_mask, held = _share_memory(cache, src_mask, held, live, extra_sentences, K)
             W = K
     for a, b in enumerate(live):  # out of budget: the open beams count as finished, without eos
         if len(finished[b]) < K:
-            finished[b] += [(scores[a, k].item() / length_penalty(steps, alpha), ys[a * K + k, 1:].tolist())
+            lp = length_penalty(steps, alpha)
+            finished[b] += [(scores[a, k].item() / lp, ys[a * K + k, 1:].tolist())
                             for k in range(K) if scores[a, k] > float("-inf")]
     greedy.out_of_budget(ys, steps)  # and so does a greedy decode still going
-    return [max(f + greedy.finished.get(b, []), key=lambda scored: scored[0])[1] for b, f in enumerate(finished)]
+    return [max(f + greedy.finished.get(b, []), key=lambda scored: scored[0])[1]
+            for b, f in enumerate(finished)]

@@ -16,7 +16,8 @@ from typing import IO
 
 # %% ../book/appendix_d_files.ipynb #fil00006
 def fsync_folder(folder: str | Path) -> None:
-    """Make the folder's entries (files renamed into it or deleted) durable, where the system allows it (POSIX)."""
+    """Make the folder's entries (files renamed into it or deleted) durable, where the system allows
+    it (POSIX)."""
     if os.name != "posix":
         return  # Windows cannot open a folder as a file; NTFS journals its renames itself
     fd = os.open(folder, os.O_RDONLY)
@@ -28,8 +29,9 @@ def fsync_folder(folder: str | Path) -> None:
 
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
-    """Write path all at once or not at all: the block writes a temporary file in the same folder, which is then
-    flushed to the disk and renamed over path (os.replace), and the folder flushed too; on an error it is deleted."""
+    """Write path all at once or not at all: the block writes a temporary file in the same folder,
+    which is then flushed to the disk and renamed over path (os.replace), and the folder flushed
+    too; on an error it is deleted."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")

@@ -23,17 +23,19 @@ from .data import directed, load_multi30k
 from .translate import Translator, evaluate_bleu
 
 # %% ../book/eng_records.ipynb #56af28b1
-# Where a run ran and how often it wrote or printed: a difference here does not change what the run learned
-NOT_THE_RECIPE = ("preset", "device", "threads", "compile", "log_every", "checkpoint_every", "checkpoint_minutes",
-                  "snapshot_minutes", "corpus_sha256")
+# Where a run ran and how often it wrote or printed: a difference here does not change what the run
+# learned
+NOT_THE_RECIPE = ("preset", "device", "threads", "compile", "log_every", "checkpoint_every",
+                  "checkpoint_minutes", "snapshot_minutes", "corpus_sha256")
 
 
 def overrides_of(train_config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(the preset a run's TrainConfig dict was started from, {field: value} where the run's recipe differs from it).
+    """(the preset a run's TrainConfig dict was started from, {field: value} where the run's recipe
+    differs from it).
 
-    The preset is the one the dict records (from_preset writes it). A run made without one, or saved before runs
-    recorded it, gets the preset it differs from in the fewest fields. A field the dict lacks (saved before the
-    field existed) had its default.
+    The preset is the one the dict records (from_preset writes it). A run made without one, or saved
+    before runs recorded it, gets the preset it differs from in the fewest fields. A field the dict
+    lacks (saved before the field existed) had its default.
     """
     plain = lambda v: tuple(v) if isinstance(v, list) else v  # JSON turns betas into a list
     train_config = renamed_fields(train_config, warn=False)  # a record of an older version
@@ -51,14 +53,15 @@ def overrides_of(train_config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def preset_of(train_config: dict[str, Any]) -> str:
-    """A run's name: its preset's ("cpu") when the run is that preset, else "<preset>+overrides" (see overrides_of)."""
+    """A run's name: its preset's ("cpu") when the run is that preset, else "<preset>+overrides"
+    (see overrides_of)."""
     name, overrides = overrides_of(train_config)
     return f"{name}+overrides" if overrides else name
 
 # %% ../book/eng_records.ipynb #4bd2a6df
 def device_description(device: str) -> str:
-    """A readable name of a device kind as this machine has it ("cuda" -> its GPU's name, "cpu" -> its core count),
-    so a run is named right only when it is recorded where it trained."""
+    """A readable name of a device kind as this machine has it ("cuda" -> its GPU's name, "cpu" ->
+    its core count), so a run is named right only when it is recorded where it trained."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(torch.device(device))} (GPU)"
     if device == "cpu":
@@ -66,24 +69,28 @@ def device_description(device: str) -> str:
     return device
 
 
-def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2016"), beam_size: int = 4,
-                        batch_size: int = 128, device: str = "auto", data_dir: str | Path | None = None,
-                        command: str | None = None, progress: bool = False, alpha: float = 1.0,
+def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2016"),
+                        beam_size: int = 4, batch_size: int = 128, device: str = "auto",
+                        data_dir: str | Path | None = None, command: str | None = None,
+                        progress: bool = False, alpha: float = 1.0,
                         keep_hypotheses: bool = False) -> dict[str, Any]:
-    """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of results/*.json.
+    """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of
+    results/*.json.
 
-    keep_hypotheses adds "hypotheses": {split: the translations}, to compare runs later (paired_bootstrap)."""
+    keep_hypotheses adds "hypotheses": {split: the translations}, to compare runs later
+    (paired_bootstrap)."""
     translator = Translator.from_checkpoint(path, device)
     train_config = translator.info.get("train_config", {})
     history = translator.info.get("history", [])
     setup = next((r for r in history if r.get("kind") == "setup"), {})
-    end = next((r for r in reversed(history) if r.get("kind") == "overhead"), {})  # logged as each start ends
+    # logged as each start ends
+    end = next((r for r in reversed(history) if r.get("kind") == "overhead"), {})
     preset, overrides = overrides_of(train_config)
     scores = {}
     for split in splits:
         pairs = load_multi30k(split, data_dir)
-        scores[split] = evaluate_bleu(translator, directed(pairs, train_config.get("direction", "de-en")),
-                                      beam_size, batch_size, progress, alpha)
+        pairs = directed(pairs, train_config.get("direction", "de-en"))
+        scores[split] = evaluate_bleu(translator, pairs, beam_size, batch_size, progress, alpha)
     record = {
         "preset": preset,  # the preset the run was started from
         "overrides": overrides,  # the fields where the run's recipe differs from it
@@ -93,11 +100,13 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
         "torch_version": torch.__version__,
         "train_minutes": round(max((r.get("minutes", 0.0) for r in history), default=0.0), 1),
         "steps": translator.info.get("step"),
-        "epochs": round(end["epochs"], 2) if end.get("epochs") is not None else None,  # the data seen, in epochs
+        # the data seen, in epochs
+        "epochs": round(end["epochs"], 2) if end.get("epochs") is not None else None,
         "tokens": end.get("tokens"),  # and in real source and target tokens
         "parameters": sum(p.numel() for p in translator.model.parameters()),
         "decoding": {"beam_size": beam_size, "alpha": alpha if beam_size > 1 else None},
-        "bleu": {split: {"cased": s["cased"], "lowercase": s["lowercase"]} for split, s in scores.items()},
+        "bleu": {split: {"cased": s["cased"], "lowercase": s["lowercase"]}
+                 for split, s in scores.items()},
         "signature": next(iter(scores.values()))["signature"] if scores else None,
         "date": date.today().isoformat(),
     }
@@ -109,14 +118,17 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
 def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, alpha: float = 1.0,
                    batch_size: int = 128, device: str = "auto", data_dir: str | Path | None = None,
                    progress: bool = False) -> list[dict[str, Any]]:
-    """BLEU on a split of each snapshot a run kept (snapshot_minutes) and of its model.pt, by training minutes."""
+    """BLEU on a split of each snapshot a run kept (snapshot_minutes) and of its model.pt, by
+    training minutes."""
     run_dir = Path(run_dir)
     translator = Translator.from_checkpoint(run_dir / "model.pt", device)
     final = {k: v.clone() for k, v in translator.model.state_dict().items()}
     history = translator.info.get("history", [])
-    pairs = directed(load_multi30k(split, data_dir), translator.info.get("train_config", {}).get("direction", "de-en"))
+    direction = translator.info.get("train_config", {}).get("direction", "de-en")
+    pairs = directed(load_multi30k(split, data_dir), direction)
     points = []
-    for path in [*sorted(run_dir.glob("snapshot[0-9][0-9][0-9].pt")), None]:  # None: model.pt, the end
+    # None: model.pt, the end
+    for path in [*sorted(run_dir.glob("snapshot[0-9][0-9][0-9].pt")), None]:
         if path is None:
             weights, step = final, translator.info.get("step")
             minutes = max((r.get("minutes", 0.0) for r in history), default=0.0)
@@ -131,30 +143,34 @@ def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, 
     return points
 
 # %% ../book/eng_records.ipynb #7c3d9b42
-# published dense peaks in FLOP/s, bfloat16 (float16 for the T4, which has no bfloat16), by a part of the GPU's name
-PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "T4": 65e12}
+# published dense bfloat16 peaks in FLOP/s (float16: the T4 has none), by a part of the GPU's name
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12,
+              "T4": 65e12}
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """The published dense 16-bit peak (PEAK_FLOPS) of device's GPU; None for a CPU or a GPU not listed."""
+    """The published dense 16-bit peak (PEAK_FLOPS) of device's GPU; None for a CPU or a GPU not
+    listed."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    # the longest listed name that stands as whole words in the GPU's name ("L4" is not a part of "L40S")
+    # the longest listed name that stands as whole words in the GPU's name ("L4" is not a part of
+    # "L40S")
     return next((PEAK_FLOPS[k] for k in sorted(PEAK_FLOPS, key=len, reverse=True)
                  if re.search(rf"(?<!\w){re.escape(k)}(?!\w)", name)), None)
 
 
 def training_flops(config: Any, src_lengths: Sequence[int], tgt_lengths: Sequence[int]) -> int:
-    """Matrix-product FLOPs of one training step (forward and backward) of a model of `config` (a TransformerConfig)
-    on sentences of these real lengths: source with its <eos>, target input with its <bos>; padding left out."""
+    """Matrix-product FLOPs of one training step (forward and backward) of a model of `config` (a
+    TransformerConfig) on sentences of these real lengths: source with its <eos>, target input with
+    its <bos>; padding left out."""
     D, F, V = config.d_model, config.d_ff, config.vocab_size
     Le, Ld = config.n_encoder_layers, config.n_decoder_layers
     if len(src_lengths) != len(tgt_lengths):
         raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths")
     S, T = sum(src_lengths), sum(tgt_lengths)
     pairs = sum(Le * s * s + Ld * t * t + Ld * t * s for s, t in zip(src_lengths, tgt_lengths))
-    multiply_adds = (Le * (4 * D * D + 2 * D * F) + Ld * 2 * D * D) * S + (Ld * (6 * D * D + 2 * D * F) + D * V) * T \
-        + 2 * D * pairs
+    multiply_adds = ((Le * (4 * D * D + 2 * D * F) + Ld * 2 * D * D) * S
+                     + (Ld * (6 * D * D + 2 * D * F) + D * V) * T + 2 * D * pairs)
     return 3 * 2 * multiply_adds  # 2 FLOPs a multiply-add; backward = 2 x forward
 
