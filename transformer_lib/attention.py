@@ -19,7 +19,8 @@ def padding_mask(ids: Tensor, pad_id: int = 0) -> Tensor:
 
 
 def causal_mask(T: int, device: torch.device | str | None = None, offset: int = 0) -> Tensor:
-    """Boolean mask (1, 1, T, offset + T): query i (at position offset + i) may attend keys 0..offset + i."""
+    """Boolean mask (1, 1, T, offset + T):
+    query i (at position offset + i) may attend keys 0..offset + i."""
     allowed = torch.ones(T, offset + T, dtype=torch.bool, device=device)  # (T, offset + T)
     allowed = allowed.tril(diagonal=offset)  # (T, offset + T): key j allowed when j <= offset + i
     return allowed[None, None]  # (1, 1, T, offset+T)
@@ -28,7 +29,8 @@ def causal_mask(T: int, device: torch.device | str | None = None, offset: int = 
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T / sqrt(d_k)) v (Eq. 1): returns the output (..., T, Dv) and the weights (..., T, S)."""
+    """softmax(q k^T / sqrt(d_k)) v (Eq. 1):
+    returns the output (..., T, Dv) and the weights (..., T, S)."""
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T, S)
@@ -36,7 +38,8 @@ def scaled_dot_product_attention(
         # A row with no allowed key would be softmax over only -inf = 0/0 = NaN: let it see every
         # key here, then zero its weights below, so it gives zeros (and finite gradients).
         has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
-        scores = scores.masked_fill(~(mask | ~has_key), float("-inf"))  # -inf, so exp() is exactly 0
+        # -inf, so exp() is exactly 0
+        scores = scores.masked_fill(~(mask | ~has_key), float("-inf"))
     weights = scores.softmax(dim=-1)  # (..., T, S)
     if mask is not None:
         weights = weights.masked_fill(~has_key, 0.0)  # (..., T, S)
@@ -59,14 +62,15 @@ class KVCache:
 
     k: Tensor | None = None  # (B, H, S_cached, Dh)
     v: Tensor | None = None  # (B, H, S_cached, Dh)
-    static: bool = False  # True for cross-attention: computed once from the encoder memory, then reused
+    # True for cross-attention: computed once from the encoder memory, then reused
+    static: bool = False
 
     def __len__(self) -> int:
         """Number of cached key positions."""
         return 0 if self.k is None else self.k.size(2)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Take new keys and values (B, H, S_new, Dh): appended, or kept as they are if static; returns all of them."""
+        """Append new keys and values (B, H, S_new, Dh), or keep them if static; returns all."""
         if self.k is not None and not self.static:
             k = torch.cat([self.k, k], dim=2)  # (B, H, S_cached + S_new, Dh)
             v = torch.cat([self.v, v], dim=2)  # (B, H, S_cached + S_new, Dh)
@@ -74,7 +78,7 @@ class KVCache:
         return k, v
 
     def reorder(self, index: Tensor) -> "KVCache":
-        """Keep batch rows `index` (LongTensor), e.g. the surviving beams; in place, returns self."""
+        """Keep batch rows `index` (e.g. the surviving beams), in place; returns self."""
         if self.k is not None:
             self.k = self.k.index_select(0, index)  # (B', H, S_cached, Dh)
             self.v = self.v.index_select(0, index)  # (B', H, S_cached, Dh)
@@ -82,7 +86,7 @@ class KVCache:
 
     def attend(self, attend: Callable, q: Tensor, k: Tensor, v: Tensor,
                mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Run attend(q, k, v, mask) on the keys and values (B, H, S, Dh) this cache gave: query row b reads row b."""
+        """Run attend(q, k, v, mask) on this cache's keys and values (B, H, S, Dh), row by row."""
         return attend(q, k, v, mask)
 
 # %% ../book/06_multi_head_attention.ipynb #1b4a7b24
@@ -91,7 +95,8 @@ _rows_have_keys = False  # True inside rows_have_keys()
 
 @contextmanager
 def rows_have_keys() -> Iterator[None]:
-    """Promise that every query row of every mask in the block has a key, so the zeros rule can be skipped."""
+    """Promise that every query row of every mask in the block has a key, so the zeros rule can be
+    skipped."""
     global _rows_have_keys
     outer, _rows_have_keys = _rows_have_keys, True
     try:
@@ -100,30 +105,37 @@ def rows_have_keys() -> Iterator[None]:
         _rows_have_keys = outer
 
 
-def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0,
+def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                     dropout_p: float = 0.0,
                     is_causal: bool = False) -> Tensor:
-    """F.scaled_dot_product_attention (..., T, Dh) with chapter 5's rule: a query with no key gives zeros."""
+    """F.scaled_dot_product_attention (..., T, Dh) with chapter 5's rule: a query with no key gives
+    zeros."""
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)  # (..., T, Dh)
+        # (..., T, Dh)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
     if _rows_have_keys:  # the caller promises every row a key: the rule below would change nothing
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (..., T, Dh)
+        # (..., T, Dh)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T|1, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
     return out.masked_fill(~has_key, 0.0)  # (..., T, Dh): rows with no key give zeros
 
 
-def _check_causal_flag(x_q: Tensor, x_kv: Tensor, mask: Tensor | None, cache: KVCache | None) -> None:
+def _check_causal_flag(x_q: Tensor, x_kv: Tensor, mask: Tensor | None,
+                       cache: KVCache | None) -> None:
     """is_causal=True stands for causal_mask(T): it needs no mask, nothing cached and S = T."""
     cached = 0 if cache is None else len(cache)
     if mask is not None or cached or x_kv.size(1) != x_q.size(1):
-        raise ValueError(f"is_causal=True needs no mask, nothing cached and S = T (got S={x_kv.size(1)}, "
-                         f"T={x_q.size(1)}, {cached} cached); pass causal_mask(T, offset=...) instead")
+        raise ValueError(f"is_causal=True needs no mask, nothing cached and S = T "
+                         f"(got S={x_kv.size(1)}, T={x_q.size(1)}, {cached} cached); "
+                         "pass causal_mask(T, offset=...) instead")
 
 # %% ../book/06_multi_head_attention.ipynb #1255402f
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention (Sec. 3.2.2): H scaled dot-product attentions on projections of width D/H."""
+    """Multi-head attention (Sec. 3.2.2): H scaled dot-product attentions of width D/H."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, use_sdpa: bool = True):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
+                 use_sdpa: bool = True):
         super().__init__()
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
@@ -139,11 +151,11 @@ class MultiHeadAttention(nn.Module):
         return rearrange(x, "b l (h d) -> b h l d", h=self.n_heads)
 
     def _queries(self, x_q: Tensor, cache: KVCache | None) -> Tensor:
-        """Project x_q (B, T, D) to queries (B, H, T, Dh); they stand at the positions after len(cache)."""
+        """Project x_q (B, T, D) to queries (B, H, T, Dh), at the positions after len(cache)."""
         return self._heads(self.q_proj(x_q))
 
     def _keys_values(self, x_kv: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
-        """Project x_kv (B, S, D) to keys and values (B, H, S, Dh), reading and updating the cache."""
+        """Project x_kv (B, S, D) to keys and values (B, H, S, Dh), through the cache."""
         if cache is not None and cache.static and cache.k is not None:
             return cache.k, cache.v  # cross-attention: the memory's keys and values never change
         k, v = self._heads(self.k_proj(x_kv)), self._heads(self.v_proj(x_kv))  # (B, H, S_new, Dh)
@@ -151,19 +163,20 @@ class MultiHeadAttention(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Eq. 1 on every head: output (B, H, T, Dh), and weights (B, H, T, S) from the explicit path."""
+        """Eq. 1 on every head: output (B, H, T, Dh); weights (B, H, T, S) on the explicit path."""
         p = self.dropout if self.training else 0.0
         if self.use_sdpa and not need_weights:
-            return _fused_attention(q, k, v, mask, dropout_p=p, is_causal=is_causal), None  # (B, H, T, Dh)
+            return _fused_attention(q, k, v, mask, dropout_p=p, is_causal=is_causal), None
         if is_causal:
             mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T)
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, Dh), (B, H, T, S)
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
 
-    def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Attend from x_q (B, T, D) to x_kv (B, S, D): output (B, T, D), weights (B, H, T, S) or None.
+    def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None = None,
+                cache: KVCache | None = None, need_weights: bool = False,
+                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Attend x_q (B, T, D) to x_kv (B, S, D): output (B, T, D), weights (B, H, T, S) or None.
 
-        is_causal=True is causal_mask(T) without building it: full self-attention (S = T, nothing cached), no mask.
+        is_causal=True is causal_mask(T) without building it: self-attention, S = T, no cache.
         """
         if mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
@@ -172,21 +185,25 @@ class MultiHeadAttention(nn.Module):
         q = self._queries(x_q, cache)  # (B, H, T, Dh)
         k, v = self._keys_values(x_kv, cache)  # (B, H, S, Dh)
         attend = partial(self._attend, is_causal=is_causal, need_weights=need_weights)
-        out, weights = attend(q, k, v, mask) if cache is None else cache.attend(attend, q, k, v, mask)
+        run = attend if cache is None else partial(cache.attend, attend)
+        out, weights = run(q, k, v, mask)  # (B, H, T, Dh), (B, H, T, S) or None
         out = rearrange(out, "b h t d -> b t (h d)")  # (B, T, D)
         return self.out_proj(out), weights
 
 # %% ../book/06_multi_head_attention.ipynb #b85e2089
 def _from_torch(cls: type[MultiHeadAttention], m: nn.MultiheadAttention) -> MultiHeadAttention:
-    """Ours with the weights of a batch_first nn.MultiheadAttention (one D for queries, keys, values)."""
+    """Ours with the weights of a batch_first nn.MultiheadAttention (one D for queries, keys,
+    values)."""
     if not m.batch_first:
         raise ValueError("from_torch needs nn.MultiheadAttention(batch_first=True)")
     if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
-        raise ValueError("from_torch needs kdim = vdim = embed_dim, no bias_k/v and no add_zero_attn")
+        raise ValueError("from_torch needs kdim = vdim = embed_dim, no bias_k/v and no "
+                         "add_zero_attn")
     ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=m.in_proj_bias is not None)
     projections = (ours.q_proj, ours.k_proj, ours.v_proj)
     with torch.no_grad():
-        for proj, w in zip(projections, m.in_proj_weight.chunk(3), strict=True):  # queries, keys, values
+        # queries, keys, values
+        for proj, w in zip(projections, m.in_proj_weight.chunk(3), strict=True):
             proj.weight.copy_(w)  # (D, D)
         ours.out_proj.weight.copy_(m.out_proj.weight)  # (D, D)
         if m.in_proj_bias is not None:

@@ -12,12 +12,13 @@ from torch import Tensor, nn
 
 # %% ../book/03_embeddings.ipynb #aa2677d1
 class TokenEmbedding(nn.Module):
-    """Token ids (B, T) to vectors (B, T, D): an embedding lookup multiplied by sqrt(d_model) (Sec 3.4)."""
+    """Token ids (B, T) to vectors (B, T, D): an embedding lookup times sqrt(d_model) (Sec 3.4)."""
 
     def __init__(self, vocab_size: int, d_model: int):
         super().__init__()
         if vocab_size < 1 or d_model < 1:
-            raise ValueError(f"vocab_size and d_model must be positive, got {vocab_size=} and {d_model=}")
+            raise ValueError(f"vocab_size and d_model must be positive, got {vocab_size=} and "
+                             f"{d_model=}")
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model)  # weight (V, D)
 

@@ -18,7 +18,8 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> Tensor:
     if max_len < 1:
         raise ValueError(f"max_len must be positive, got {max_len}")
     positions = torch.arange(max_len, dtype=torch.float64)  # (L,)
-    freqs = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,): omega_i
+    # (D/2,): omega_i
+    freqs = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = torch.outer(positions, freqs)  # (L, D/2)
     pairs = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (L, D/2, 2)
     return rearrange(pairs, "l half two -> l (half two)").float()  # (L, D), interleaved
@@ -27,7 +28,8 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> Tensor:
 def _check_positions(x: Tensor, offset: int, max_len: int, d_model: int) -> int:
     """Length T of x (B, T, D), checked: positions offset..offset+T-1 must exist in the table."""
     if x.size(-1) != d_model:
-        raise ValueError(f"the input has width {x.size(-1)}, but the encoding has d_model={d_model}")
+        raise ValueError(f"the input has width {x.size(-1)}, "
+                         f"but the encoding has d_model={d_model}")
     T = x.size(-2)
     if offset < 0:
         raise ValueError(f"offset must be >= 0, got {offset}")
@@ -40,20 +42,21 @@ def _check_positions(x: Tensor, offset: int, max_len: int, d_model: int) -> int:
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Adds the fixed sinusoidal encoding (Sec 3.5) to x (B, T, D), then dropout; has no parameters."""
+    """Adds the fixed sinusoidal encoding (Sec 3.5) to x (B, T, D), then dropout; no parameters."""
 
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0):
         super().__init__()
         self.d_model, self.max_len = d_model, max_len
         self.dropout = nn.Dropout(dropout)
-        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)  # (L, D)
+        # (L, D)
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, T, D) plus the encodings of positions offset..offset+T-1, then dropout."""
         T = _check_positions(x, offset, self.max_len, self.d_model)
         return self.dropout(x + self.pe[offset : offset + T])  # (B, T, D)
 
-
+# %% ../book/04_positional_encoding.ipynb #5db8074b
 class LearnedPositionalEncoding(nn.Module):
     """Adds a learned vector per position (max_len * D parameters) to x (B, T, D), then dropout."""
 

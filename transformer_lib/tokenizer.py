@@ -24,17 +24,20 @@ N_SPECIAL = len(SPECIAL_TOKENS)
 N_BASE = N_SPECIAL + 256  # ids N_SPECIAL .. N_BASE-1 are the 256 byte values; merged tokens follow
 
 # %% ../book/01_tokens.ipynb #0e65a68b
-PATTERN = r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"  # letters | digits | other symbols | spaces
+# letters | digits | other symbols | spaces
+PATTERN = r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"
 _pretokenizer = re.compile(PATTERN)
 
 
 def pretokenize(text: str) -> list[str]:
-    """Cut text into the pieces BPE merges within; "".join(pretokenize(s)) == s for every string s."""
+    """Cut text into the pieces BPE merges within:
+    "".join(pretokenize(s)) == s for every string s."""
     return _pretokenizer.findall(text)
 
 # %% ../book/01b_tokenizer.ipynb #6ebb8f29
 def merge_ids(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Replace every occurrence of `pair` in `ids` by `new_id`, left to right: merge_ids([5, 6, 5, 6], (5, 6), 9) == [9, 9]."""
+    """Replace every occurrence of `pair` in `ids` by `new_id`, left to right:
+    merge_ids([5, 6, 5, 6], (5, 6), 9) == [9, 9]."""
     out, i, n = [], 0, len(ids)
     first, second = pair
     while i < n:
@@ -48,12 +51,15 @@ def merge_ids(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[in
 
 # %% ../book/01b_tokenizer.ipynb #94f38816
 def learn_merges(piece_counts: Mapping[str, int], n_merges: int) -> list[tuple[int, int]]:
-    """Learn up to `n_merges` byte-level BPE merges from piece frequencies, updating pair counts incrementally."""
+    """Learn up to `n_merges` byte-level BPE merges from piece frequencies, updating pair counts
+    incrementally."""
     pieces = [[b + N_SPECIAL for b in piece.encode("utf-8")] for piece in piece_counts]
     freqs = list(piece_counts.values())
-    token_bytes = [b""] * N_SPECIAL + [bytes([b]) for b in range(256)]  # id -> the bytes it stands for
+    # id -> the bytes it stands for
+    token_bytes = [b""] * N_SPECIAL + [bytes([b]) for b in range(256)]
     pair_counts: defaultdict[tuple[int, int], int] = defaultdict(int)
-    where: defaultdict[tuple[int, int], set[int]] = defaultdict(set)  # pair -> pieces that (may) contain it
+    # pair -> pieces that (may) contain it
+    where: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
     for i, (ids, freq) in enumerate(zip(pieces, freqs)):
         for pair in zip(ids, ids[1:]):
             pair_counts[pair] += freq
@@ -69,7 +75,8 @@ def learn_merges(piece_counts: Mapping[str, int], n_merges: int) -> list[tuple[i
     while heap and len(merges) < n_merges:
         neg_count, _, _, pair = heapq.heappop(heap)
         count = pair_counts.get(pair, 0)
-        if count != -neg_count:  # out of date: the pair became rarer (or was merged) since this push
+        # out of date: the pair became rarer (or was merged) since this push
+        if count != -neg_count:
             if 0 < count < -neg_count:
                 heapq.heappush(heap, entry(pair, count))
             continue
@@ -86,7 +93,8 @@ def learn_merges(piece_counts: Mapping[str, int], n_merges: int) -> list[tuple[i
                 pair_counts[p] -= freqs[i]
             for p in zip(new, new[1:]):
                 pair_counts[p] += freqs[i]
-                if new_id in p:  # only pairs with the new token are new; the others were indexed already
+                # only pairs with the new token are new; the others were indexed already
+                if new_id in p:
                     where[p].add(i)
                     born.add(p)
             pieces[i] = new
@@ -102,7 +110,8 @@ _NO_MERGE = 1 << 62  # larger than any id
 
 
 def _readable(data: bytes) -> str:
-    """Bytes as text, with bytes that are not valid UTF-8 written <0xNN>: _readable(b"a\\xf0") == "a<0xF0>"."""
+    """Bytes as text, with bytes that are not valid UTF-8 written <0xNN>:
+    _readable(b"a\\xf0") == "a<0xF0>"."""
     out = []
     while data:
         try:
@@ -116,24 +125,29 @@ def _readable(data: bytes) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write text to path all at once (atomic_write of appendix D), so readers never see half a file."""
+    """Write text to path all at once (atomic_write of appendix D), so readers never see half a
+    file."""
     with atomic_write(path, "w") as f:
         f.write(text)
 
 # %% ../book/01b_tokenizer.ipynb #c2578b00
 class _Vocabulary:
-    """The ids of a byte-level BPE vocabulary and the bytes each stands for: BPETokenizer's decoding half."""
+    """The ids of a byte-level BPE vocabulary and the bytes each stands for: BPETokenizer's decoding
+    half."""
 
     def __init__(self, merges: Sequence[tuple[int, int]], pattern: str = PATTERN):
-        """A tokenizer from its merges, in the order they were learned; merge k creates id N_BASE + k."""
+        """A tokenizer from its merges, in the order they were learned;
+        merge k creates id N_BASE + k."""
         self.merges = [(int(a), int(b)) for a, b in merges]
         self.pattern = pattern
         self._split = re.compile(pattern).findall
         self._merged_id = {pair: N_BASE + k for k, pair in enumerate(self.merges)}
-        self._bytes = [token.encode() for token in SPECIAL_TOKENS] + [bytes([b]) for b in range(256)]
+        self._bytes = [token.encode() for token in SPECIAL_TOKENS]
+        self._bytes += [bytes([b]) for b in range(256)]
         for k, (a, b) in enumerate(self.merges):
             if not (N_SPECIAL <= a < N_BASE + k and N_SPECIAL <= b < N_BASE + k):
-                raise ValueError(f"merge {k} = ({a}, {b}) refers to an id that is special or not yet defined")
+                raise ValueError(f"merge {k} = ({a}, {b}) refers to an id that is special or not "
+                                 f"yet defined")
             self._bytes.append(self._bytes[a] + self._bytes[b])
         self._cache: dict[str, list[int]] = {}
 
@@ -149,7 +163,8 @@ class _Vocabulary:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of `ids`, skipping special tokens; bytes that are not valid UTF-8 become U+FFFD."""
+        """The text of `ids`, skipping special tokens; bytes that are not valid UTF-8 become
+        U+FFFD."""
         table, n = self._bytes, len(self._bytes)
         pieces = []
         for i in map(int, ids):
@@ -160,7 +175,8 @@ class _Vocabulary:
         return b"".join(pieces).decode("utf-8", errors="replace")
 
     def id_to_token(self, i: int) -> str:
-        """A readable form of token `i` (for plot labels); a byte that is not valid UTF-8 on its own shows as <0xNN>."""
+        """A readable form of token `i` (for plot labels); a byte that is not valid UTF-8 on its own
+        shows as <0xNN>."""
         i = int(i)
         if not 0 <= i < self.vocab_size:
             raise ValueError(f"token id {i} is outside the vocabulary (0..{self.vocab_size - 1})")
@@ -170,7 +186,8 @@ class _Vocabulary:
 
 # %% ../book/01b_tokenizer.ipynb #a002c792
 class _JSONForm:
-    """BPETokenizer's JSON form (format, pattern, special tokens, merges): to and from a dict, to and from a file."""
+    """BPETokenizer's JSON form (format, pattern, special tokens, merges): to and from a dict, to
+    and from a file."""
 
     def to_dict(self) -> dict:
         """A JSON-ready description of the tokenizer (format, pattern, special tokens, merges)."""
@@ -185,10 +202,12 @@ class _JSONForm:
     @classmethod
     def from_dict(cls, d: Mapping) -> "BPETokenizer":
         """The tokenizer described by to_dict()."""
-        if not isinstance(d, Mapping) or d.get("format") != _FORMAT or d.get("version") != _FORMAT_VERSION:
+        described = isinstance(d, Mapping) and d.get("format") == _FORMAT
+        if not described or d.get("version") != _FORMAT_VERSION:
             raise ValueError(f"not a {_FORMAT} version {_FORMAT_VERSION} description")
         if list(d.get("special_tokens", [])) != list(SPECIAL_TOKENS):
-            raise ValueError(f"special tokens {d.get('special_tokens')} differ from {list(SPECIAL_TOKENS)}")
+            raise ValueError(f"special tokens {d.get('special_tokens')} differ from "
+                             f"{list(SPECIAL_TOKENS)}")
         try:
             return cls([tuple(pair) for pair in d["merges"]], d["pattern"])
         except (KeyError, TypeError) as error:
@@ -207,13 +226,15 @@ class _JSONForm:
 
 # %% ../book/01b_tokenizer.ipynb #defeabc2
 class BPETokenizer(_Vocabulary, _JSONForm):
-    """Byte-level byte-pair encoding (Sennrich et al., 2016): any Unicode string encodes, and decodes back exactly."""
+    """Byte-level byte-pair encoding (Sennrich et al., 2016): any Unicode string encodes, and
+    decodes back exactly."""
 
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, pattern: str = PATTERN) -> "BPETokenizer":
-        """Learn a vocabulary of at most `vocab_size` tokens (4 special + 256 bytes + merges) from `texts`."""
+        """Learn a vocabulary of at most `vocab_size` tokens (4 special + 256 bytes + merges) from
+        `texts`."""
         if vocab_size < N_BASE:
             raise ValueError(
                 f"vocab_size={vocab_size} is too small: it must be at least {N_BASE} "
@@ -226,7 +247,8 @@ class BPETokenizer(_Vocabulary, _JSONForm):
         return cls(learn_merges(counts, vocab_size - N_BASE), pattern)
 
     def _encode_piece(self, piece: str) -> list[int]:
-        """The ids of one pre-tokenized piece: fuse the earliest-learned adjacent pair until none is left."""
+        """The ids of one pre-tokenized piece: fuse the earliest-learned adjacent pair until none is
+        left."""
         ids = [b + N_SPECIAL for b in piece.encode("utf-8")]
         while len(ids) > 1:
             new_id = min(self._merged_id.get(pair, _NO_MERGE) for pair in zip(ids, ids[1:]))
@@ -252,7 +274,8 @@ class BPETokenizer(_Vocabulary, _JSONForm):
             out.append(EOS_ID)
         return out
 
-    def encode_batch(self, texts: Iterable[str], bos: bool = False, eos: bool = False) -> list[list[int]]:
+    def encode_batch(self, texts: Iterable[str], bos: bool = False,
+                     eos: bool = False) -> list[list[int]]:
         """encode() of each text."""
         return [self.encode(text, bos=bos, eos=eos) for text in texts]
 
@@ -262,14 +285,16 @@ class BPETokenizer(_Vocabulary, _JSONForm):
 
 # %% ../book/01b_tokenizer.ipynb #75ca8992
 def multi30k_tokenizer(vocab_size: int = 8000, data_dir: str | Path | None = None) -> BPETokenizer:
-    """The joint German+English BPE tokenizer of Multi30k's training split, trained once and cached under cache_dir()."""
+    """The joint German+English BPE tokenizer of Multi30k's training split, trained once and cached
+    under cache_dir()."""
     path = cache_dir() / "tokenizers" / f"multi30k-bpe{vocab_size}-v{_FORMAT_VERSION}.json"
     return cached_tokenizer(path, lambda: load_multi30k("train", data_dir), vocab_size)
 
 
 def cached_tokenizer(path: Path, training_pairs: Callable[[], Sequence[tuple[str, str]]],
                      vocab_size: int) -> BPETokenizer:
-    """The tokenizer saved at path; else one trained jointly on both sides of training_pairs(), then saved there."""
+    """The tokenizer saved at path; else one trained jointly on both sides of training_pairs(), then
+    saved there."""
     if path.is_file():
         try:
             return BPETokenizer.load(path)
