@@ -453,6 +453,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'transformer_lib.recipe.batch_loss': ('training.html#batch_loss', 'transformer_lib/recipe.py'),
                                         'transformer_lib.recipe.cooldown_factor': ( 'training.html#cooldown_factor',
                                                                                     'transformer_lib/recipe.py'),
+                                        'transformer_lib.recipe.cut_into_batches': ( 'training.html#cut_into_batches',
+                                                                                     'transformer_lib/recipe.py'),
                                         'transformer_lib.recipe.encode_pairs': ('training.html#encode_pairs', 'transformer_lib/recipe.py'),
                                         'transformer_lib.recipe.make_batch': ('training.html#make_batch', 'transformer_lib/recipe.py'),
                                         'transformer_lib.recipe.noam_rate': ('training.html#noam_rate', 'transformer_lib/recipe.py'),

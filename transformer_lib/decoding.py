@@ -23,7 +23,7 @@ from .recipe import pad_ids
 # %% ../book/12_decoding.ipynb #ffcdbd41
 @contextmanager
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
-    """Run a block with dropout off and without gradients, then put the model back into its previous mode."""
+    """Run a block with dropout off and no gradients, then restore the model's previous mode."""
     was_training = model.training
     model.eval()
     try:
@@ -34,25 +34,29 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def output_budget(model: Transformer, src: Tensor, max_len: int | None = None) -> int:
-    """How many tokens decoding src (B, S) may produce: max_len, by default S + 50, at most config.max_len."""
+    """How many tokens decoding src (B, S) may produce: max_len (S + 50), <= config.max_len."""
     limit = model.config.max_len
     if max_len is None:
         return min(src.size(1) + 50, limit)
     if not 1 <= max_len <= limit:
-        raise ValueError(f"max_len={max_len} must be between 1 and the model's config.max_len={limit}")
+        raise ValueError(
+            f"max_len={max_len} must be between 1 and the model's config.max_len={limit}"
+        )
     return max_len
 
-
+# %% ../book/12_decoding.ipynb #5de39e47
 def next_token_log_probs(model: Transformer, ys: Tensor, memory: Tensor, src_mask: Tensor,
                          cache: list | None = None) -> Tensor:
-    """log p(next token | x, ys) (B, V) for prefixes ys (B, t); with a cache only the newest token is run."""
+    """log p(next token | x, ys) (B, V) for prefixes ys (B, t); a cache runs the newest only."""
     if cache is None:
         hidden = model.decode(ys, memory, src_mask)  # (B, t, D): the whole prefix, every step
     else:
-        hidden = model.decode(ys[:, -1:], memory, src_mask, cache=cache, offset=ys.size(1) - 1)  # (B, 1, D)
+        # (B, 1, D)
+        hidden = model.decode(ys[:, -1:], memory, src_mask, cache=cache, offset=ys.size(1) - 1)
     log_probs = model.generator(hidden[:, -1])  # (B, V)
     never = torch.tensor([model.config.pad_id, model.config.bos_id], device=ys.device)
-    return log_probs.index_fill(-1, never, float("-inf"))  # (B, V): <pad> and <bos> are never an output
+    # (B, V): <pad> and <bos> are never an output
+    return log_probs.index_fill(-1, never, float("-inf"))
 
 
 def until_eos(ids: list[int], eos_id: int) -> list[int]:
@@ -68,7 +72,8 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
     with evaluating(model):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
-        ys = src.new_full((src.size(0), 1), cfg.bos_id)  # (A, 1): the A sentences still decoding, A = B first
+        # (A, 1): the A sentences still decoding, A = B first
+        ys = src.new_full((src.size(0), 1), cfg.bos_id)
         live = list(range(src.size(0)))  # the sentence of each row of ys
         outputs: list[list[int]] = [[] for _ in live]
         for _ in range(steps):
@@ -92,7 +97,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
 
 # %% ../book/12_decoding.ipynb #17924e80
 def length_penalty(length: int | Tensor, alpha: float = 1.0) -> float | Tensor:
-    """GNMT's length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, Eq. 14); length counts the eos."""
+    """GNMT's length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, Eq. 14), eos counted."""
     return ((5 + length) / 6) ** alpha
 
 # %% ../book/12_decoding.ipynb #83443614
@@ -100,11 +105,13 @@ def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alph
                     max_len: int | None = None) -> Tensor:
     """log p(y | x) / lp(y) (B,) of one hypothesis per sentence of src (B, S), by teacher forcing.
 
-    A reference implementation: one forward pass and no search, so the tests check the searches' scores with it.
+    A reference implementation: one forward pass and no search, so the tests check the
+    searches' scores with it.
     """
     cfg = model.config
     steps = output_budget(model, src, max_len)
-    labels = [h + [cfg.eos_id] if len(h) < steps else list(h) for h in hyps]  # finished hypotheses end in eos
+    # finished hypotheses end in eos
+    labels = [h + [cfg.eos_id] if len(h) < steps else list(h) for h in hyps]
     tgt_out = pad_ids(labels, cfg.pad_id).to(src.device)  # (B, T)
     bos = tgt_out.new_full((len(hyps), 1), cfg.bos_id)  # (B, 1)
     tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=1)  # (B, T): <bos> + hypothesis
@@ -117,12 +124,17 @@ def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alph
     return total / length_penalty(lengths, alpha)
 
 # %% ../book/12_decoding.ipynb #09c2bc3f
-def simple_beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 1.0,
-                       max_len: int | None = None) -> list[int]:
-    """Beam search for one sentence src (1, S), written plainly: a list of hypotheses, each prefix run in full.
+def simple_beam_search(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 1.0,
+    max_len: int | None = None,
+) -> list[int]:
+    """Beam search for one sentence src (1, S), written plainly: hypotheses each run in full.
 
-    A reference implementation, too slow to translate with: the tests check that the fast beam_search makes
-    its choices.
+    A reference implementation, too slow to translate with: the tests check that the fast
+    beam_search makes its choices.
     """
     cfg, K = model.config, beam_size
     steps = output_budget(model, src, max_len)
@@ -133,41 +145,51 @@ def simple_beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alph
         for t in range(1, steps + 1):
             candidates = []  # (log p, prefix) of every one-token extension of every open hypothesis
             for score, ys in beams:
-                log_probs = next_token_log_probs(model, src.new_tensor([ys]), memory, src_mask)[0]  # (V,)
-                candidates += [(score + lp, ys + [token]) for token, lp in enumerate(log_probs.tolist())]
+                # (V,)
+                log_probs = next_token_log_probs(model, src.new_tensor([ys]), memory, src_mask)[0]
+                candidates += [
+                    (score + lp, ys + [token]) for token, lp in enumerate(log_probs.tolist())
+                ]
             candidates.sort(key=lambda c: c[0], reverse=True)  # best first
             for score, ys in candidates[:K]:  # those of the best K that end in <eos> are finished
                 if ys[-1] == cfg.eos_id and len(finished) < K:
                     finished.append((score / length_penalty(t, alpha), ys[1:-1]))
             if len(finished) == K:
                 break
-            beams = [(score, ys) for score, ys in candidates[: 2 * K] if ys[-1] != cfg.eos_id][:K]  # best K open
+            # best K open
+            beams = [(score, ys) for score, ys in candidates[: 2 * K] if ys[-1] != cfg.eos_id][:K]
         else:  # out of budget: the open hypotheses count as finished, without <eos>
             finished += [(score / length_penalty(steps, alpha), ys[1:]) for score, ys in beams]
     return max(finished, key=lambda scored: scored[0])[1]
 
 # %% ../book/12_decoding.ipynb #69f2f63e
-def sample(model: Transformer, src: Tensor, temperature: float = 1.0, top_k: int | None = None,
-           max_len: int | None = None, seed: int | None = None) -> list[list[int]]:
-    """Decode each sentence of src (B, S) drawing every next token from p ** (1 / temperature), top_k only."""
+def sample(
+    model: Transformer,
+    src: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    max_len: int | None = None,
+    seed: int | None = None,
+) -> list[list[int]]:
+    """Decode each sentence of src (B, S), drawing each token from p ** (1 / temperature)."""
     if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be positive (greedy_decode is the limit at 0)")
+        raise ValueError(
+            f"temperature={temperature} must be positive (greedy_decode is the limit at 0)"
+        )
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be at least 1 or None")
     cfg = model.config
     steps = output_budget(model, src, max_len)
     generator = torch.Generator(device=src.device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
+    generator.seed() if seed is None else generator.manual_seed(seed)
     with evaluating(model):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
         cache = model.new_cache()
         ys = src.new_full((src.size(0), 1), cfg.bos_id)  # (B, 1)
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)  # (B,)
         for _ in range(steps):
-            logits = next_token_log_probs(model, ys, memory, src_mask, cache) / temperature  # (B, V)
+            # (B, V)
+            logits = next_token_log_probs(model, ys, memory, src_mask, cache) / temperature
             if top_k is not None and top_k < logits.size(-1):
                 kth_best = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
                 logits = logits.masked_fill(logits < kth_best, float("-inf"))  # (B, V)

@@ -14,7 +14,7 @@ from torch import nn
 
 # %% ../book/07_feed_forward_residual_norm.ipynb #8076cb87
 class PositionwiseFeedForward(nn.Module):
-    """The position-wise feed-forward network FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3, Eq. 2)."""
+    """The position-wise feed-forward network max(0, x W1 + b1) W2 + b2 (Sec. 3.3, Eq. 2)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -24,11 +24,12 @@ class PositionwiseFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map (B, T, D) to (B, T, D), each position independently."""
-        return self.linear2(self.dropout(F.relu(self.linear1(x))))  # (B, T, F) inside, (B, T, D) out
+        # (B, T, F) inside, (B, T, D) out
+        return self.linear2(self.dropout(F.relu(self.linear1(x))))
 
 # %% ../book/07_feed_forward_residual_norm.ipynb #3a00778d
 class SublayerConnection(nn.Module):
-    """Residual connection, dropout and LayerNorm around a sub-layer: post-LN (Sec. 3.1, 5.4) or pre-LN."""
+    """Residual, dropout and LayerNorm around a sub-layer: post-LN (Sec. 3.1, 5.4) or pre-LN."""
 
     def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False) -> None:
         super().__init__()
@@ -36,8 +37,10 @@ class SublayerConnection(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Post-LN: norm(x + drop(sublayer(x))); pre-LN: x + drop(sublayer(norm(x))). x is (B, T, D)."""
+    def forward(
+        self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """Post-LN: norm(x + drop(sublayer(x))); pre-LN: x + drop(sublayer(norm(x)))"""
         if self.norm_first:
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
@@ -45,11 +48,12 @@ class SublayerConnection(nn.Module):
 # %% ../book/08_encoder.ipynb #ed94d6a0
 from .attention import MultiHeadAttention
 
-# %% ../book/08_encoder.ipynb #f51d7f24
+# %% ../book/08_encoder.ipynb #324052b7
 def _check_torch_layer(layer: nn.Module) -> None:
     """Refuse the variants of PyTorch's Transformer layers that the paper's model does not have."""
     if not layer.self_attn.batch_first:
-        raise ValueError(f"from_torch needs batch_first=True, got a sequence-first {type(layer).__name__}")
+        raise ValueError("from_torch needs batch_first=True, "
+                         f"got a sequence-first {type(layer).__name__}")
     if not (layer.activation is F.relu or isinstance(layer.activation, nn.ReLU)):
         raise ValueError(f"from_torch needs activation=relu (Eq. 2), got {layer.activation}")
     if layer.linear1.bias is None or layer.norm1.bias is None:
@@ -66,22 +70,27 @@ def _copy_norm(ours: nn.LayerNorm, theirs: nn.LayerNorm) -> None:
     ours.load_state_dict(theirs.state_dict())
     ours.eps = theirs.eps
 
-
+# %% ../book/08_encoder.ipynb #f51d7f24
 class EncoderLayer(nn.Module):
-    """Encoder layer (Sec. 3.1, Figure 1 left): self-attention then feed-forward, each in a SublayerConnection."""
+    """Encoder layer (Sec. 3.1, Figure 1 left): self-attention, feed-forward, each wrapped."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
-                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1,
+                 norm_first: bool = False, attention_dropout: float | None = None,
+                 ffn_dropout: float | None = None):
         super().__init__()
-        # dropout acts on each sub-layer's output (Sec. 5.4); the other two inside them (None: as dropout)
+        # dropout acts on each sub-layer's output (Sec. 5.4); the other two inside them (None: as
+        # dropout)
         self.self_attn = MultiHeadAttention(d_model, n_heads, _or(attention_dropout, dropout))
         self.ffn = PositionwiseFeedForward(d_model, d_ff, _or(ffn_dropout, dropout))
-        self.sublayers = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first) for _ in range(2))
+        self.sublayers = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first)
+                                       for _ in range(2))
         self.keep_weights = False
-        self.self_attn_weights: torch.Tensor | None = None  # (B, H, S, S) after a call with keep_weights
+        # (B, H, S, S) after a call with keep_weights
+        self.self_attn_weights: torch.Tensor | None = None
 
     def _self_attention(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        out, weights = self.self_attn(h, h, mask, need_weights=self.keep_weights)  # (B, S, D), (B, H, S, S)
+        # (B, S, D), (B, H, S, S)
+        out, weights = self.self_attn(h, h, mask, need_weights=self.keep_weights)
         if self.keep_weights:
             self.self_attn_weights = weights
         return out
@@ -106,19 +115,20 @@ class EncoderLayer(nn.Module):
 
 # %% ../book/08_encoder.ipynb #8dc06935
 class Encoder(nn.Module):
-    """The encoder (Sec. 3.1): N encoder layers that share no weights, and an optional final LayerNorm."""
+    """The encoder (Sec. 3.1): N layers that share no weights, and an optional final LayerNorm."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, dropout: float = 0.1,
-                 norm_first: bool = False, final_norm: bool | None = None, attention_dropout: float | None = None,
-                 ffn_dropout: float | None = None):
+                 norm_first: bool = False, final_norm: bool | None = None,
+                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first, attention_dropout,
-                                                 ffn_dropout) for _ in range(n_layers))
+        self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first,
+                                                 attention_dropout, ffn_dropout)
+                                    for _ in range(n_layers))
         final_norm = norm_first if final_norm is None else final_norm
         self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Encode x (B, S, D) through every layer; mask (B, 1, 1, S) is True at real tokens. Returns (B, S, D)."""
+        """Encode x (B, S, D) through every layer; mask (B, 1, 1, S) is True at real tokens."""
         for layer in self.layers:
             x = layer(x, mask)  # (B, S, D)
         return self.norm(x)  # (B, S, D)
@@ -128,7 +138,8 @@ class Encoder(nn.Module):
         """Build ours with the weights of an nn.TransformerEncoder (batch_first, ReLU layers)."""
         layers = [EncoderLayer.from_torch(layer) for layer in encoder.layers]
         first = layers[0]
-        ours = cls(first.self_attn.d_model, first.self_attn.n_heads, first.ffn.linear1.out_features, 0,
+        ours = cls(first.self_attn.d_model, first.self_attn.n_heads,
+                   first.ffn.linear1.out_features, 0,
                    final_norm=encoder.norm is not None)
         ours.layers = nn.ModuleList(layers)
         if encoder.norm is not None:
@@ -143,7 +154,7 @@ from .attention import KVCache
 # %% ../book/09_decoder.ipynb #68041fd1
 @dataclass
 class LayerCache:
-    """The key/value caches of one decoder layer: self-attention (grows each step) and cross-attention (static)."""
+    """The key/value caches of one decoder layer: self-attention (grows) and cross-attention."""
 
     self_attn: KVCache = field(default_factory=KVCache)
     cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
@@ -156,29 +167,32 @@ class LayerCache:
 
 # %% ../book/09_decoder.ipynb #03c38eb3
 class DecoderLayer(nn.Module):
-    """Decoder layer (Sec. 3.1, Figure 1 right): masked self-attention, cross-attention, feed-forward."""
+    """Decoder layer (Sec. 3.1, Figure 1 right): masked self-attention, cross-attention, FFN."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
-                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1,
+                 norm_first: bool = False, attention_dropout: float | None = None,
+                 ffn_dropout: float | None = None):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, _or(attention_dropout, dropout))
         self.cross_attn = MultiHeadAttention(d_model, n_heads, _or(attention_dropout, dropout))
         self.ffn = PositionwiseFeedForward(d_model, d_ff, _or(ffn_dropout, dropout))
-        self.sublayers = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first) for _ in range(3))
+        self.sublayers = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first)
+                                       for _ in range(3))
         self.keep_weights = False
-        self.self_attn_weights: torch.Tensor | None = None  # (B, H, T, T) after a call with keep_weights
-        self.cross_attn_weights: torch.Tensor | None = None  # (B, H, T, S) after a call with keep_weights
+        self.self_attn_weights: torch.Tensor | None = None  # (B, H, T, T) with keep_weights
+        self.cross_attn_weights: torch.Tensor | None = None  # (B, H, T, S) with keep_weights
 
     def _self_attention(self, h: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None,
                         is_causal: bool = False) -> torch.Tensor:
-        out, weights = self.self_attn(h, h, mask, cache, need_weights=self.keep_weights, is_causal=is_causal)
+        out, weights = self.self_attn(h, h, mask, cache, need_weights=self.keep_weights,
+                                      is_causal=is_causal)
         if self.keep_weights:
             self.self_attn_weights = weights  # (B, H, T, T_cached + T)
         return out
 
     def _cross_attention(self, h: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None,
                          cache: KVCache | None) -> torch.Tensor:
-        out, weights = self.cross_attn(h, memory, mask, cache, need_weights=self.keep_weights)  # (B, T, D)
+        out, weights = self.cross_attn(h, memory, mask, cache, need_weights=self.keep_weights)
         if self.keep_weights:
             self.cross_attn_weights = weights  # (B, H, T, S)
         return out
@@ -186,14 +200,16 @@ class DecoderLayer(nn.Module):
     def forward(self, y: torch.Tensor, memory: torch.Tensor, tgt_mask: torch.Tensor | None = None,
                 memory_mask: torch.Tensor | None = None, cache: LayerCache | None = None,
                 tgt_is_causal: bool = False) -> torch.Tensor:
-        """Decode y (B, T, D) against memory (B, S, D); tgt_mask (B|1, 1, T, T), memory_mask (B, 1, 1, S).
+        """Decode y (B, T, D) against memory (B, S, D); masks (B|1, 1, T, T) and (B, 1, 1, S).
 
-        tgt_is_causal=True (with tgt_mask None) masks the self-attention causally without a mask tensor.
+        tgt_is_causal=True (with tgt_mask None) masks self-attention causally without a tensor.
         """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
-        y = self.sublayers[0](y, lambda h: self._self_attention(h, tgt_mask, self_cache, tgt_is_causal))  # (B, T, D)
-        y = self.sublayers[1](y, lambda h: self._cross_attention(h, memory, memory_mask, cross_cache))  # (B, T, D)
+        y = self.sublayers[0](  # (B, T, D)
+            y, lambda h: self._self_attention(h, tgt_mask, self_cache, tgt_is_causal))
+        y = self.sublayers[1](  # (B, T, D)
+            y, lambda h: self._cross_attention(h, memory, memory_mask, cross_cache))
         return self.sublayers[2](y, self.ffn)  # (B, T, D)
 
     @classmethod
@@ -212,14 +228,15 @@ class DecoderLayer(nn.Module):
 
 # %% ../book/09_decoder.ipynb #03289efa
 class Decoder(nn.Module):
-    """The decoder (Sec. 3.1): N decoder layers that share no weights, and an optional final LayerNorm."""
+    """The decoder (Sec. 3.1): N layers that share no weights, and an optional final LayerNorm."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, n_layers: int, dropout: float = 0.1,
-                 norm_first: bool = False, final_norm: bool | None = None, attention_dropout: float | None = None,
-                 ffn_dropout: float | None = None):
+                 norm_first: bool = False, final_norm: bool | None = None,
+                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first, attention_dropout,
-                                                 ffn_dropout) for _ in range(n_layers))
+        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first,
+                                                 attention_dropout, ffn_dropout)
+                                    for _ in range(n_layers))
         final_norm = norm_first if final_norm is None else final_norm
         self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
@@ -232,9 +249,11 @@ class Decoder(nn.Module):
                 tgt_is_causal: bool = False) -> torch.Tensor:
         """Decode y (B, T, D) against memory (B, S, D) through every layer; returns (B, T, D)."""
         if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache has {len(cache)} entries for {len(self.layers)} layers; use new_cache()")
+            raise ValueError(f"cache has {len(cache)} entries for {len(self.layers)} layers; "
+                             "use new_cache()")
         for i, layer in enumerate(self.layers):
-            y = layer(y, memory, tgt_mask, memory_mask, None if cache is None else cache[i], tgt_is_causal)
+            layer_cache = None if cache is None else cache[i]
+            y = layer(y, memory, tgt_mask, memory_mask, layer_cache, tgt_is_causal)
         return self.norm(y)  # (B, T, D)
 
     @classmethod
@@ -242,7 +261,8 @@ class Decoder(nn.Module):
         """Build ours with the weights of an nn.TransformerDecoder (batch_first, ReLU layers)."""
         layers = [DecoderLayer.from_torch(layer) for layer in decoder.layers]
         first = layers[0]
-        ours = cls(first.self_attn.d_model, first.self_attn.n_heads, first.ffn.linear1.out_features, 0,
+        ours = cls(first.self_attn.d_model, first.self_attn.n_heads,
+                   first.ffn.linear1.out_features, 0,
                    final_norm=decoder.norm is not None)
         ours.layers = nn.ModuleList(layers)
         if decoder.norm is not None:

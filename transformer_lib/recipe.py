@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['pad_ids', 'Batch', 'make_batch', 'LabelSmoothingLoss', 'noam_rate', 'cooldown_factor', 'NoamSchedule',
-           'token_batches', 'padding_fraction', 'batch_loss', 'average_weights', 'encode_pairs']
+           'cut_into_batches', 'padding_fraction', 'token_batches', 'batch_loss', 'average_weights', 'encode_pairs']
 
 # %% ../book/11_training.ipynb #af1768aa
 import math
@@ -18,21 +18,22 @@ from torch.optim.lr_scheduler import LRScheduler
 from .model import Transformer
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, BPETokenizer
 
-# %% ../book/11_training.ipynb #43390f51
+# %% ../book/11_training.ipynb #92b1405b
 def pad_ids(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:
     """Stack id sequences into one (N, L) tensor, padded on the right to the longest one."""
     if len(seqs) == 0:
         raise ValueError("pad_ids needs at least one sequence")
     lengths = torch.tensor([len(s) for s in seqs])  # (N,)
     out = torch.full((len(seqs), int(lengths.max())), pad_id, dtype=torch.long)  # (N, L)
-    real = torch.arange(out.shape[1]) < lengths[:, None]  # (N, L): True where a sequence has a token
-    out[real] = torch.tensor([i for seq in seqs for i in seq], dtype=torch.long)  # row by row, as the mask is read
+    real = torch.arange(out.shape[1]) < lengths[:, None]  # (N, L): True where there is a token
+    # row by row, as the mask is read
+    out[real] = torch.tensor([i for seq in seqs for i in seq], dtype=torch.long)
     return out
 
 
 @dataclass
 class Batch:
-    """One batch for teacher forcing: the source, the decoder input (target shifted right) and the labels."""
+    """One batch for teacher forcing: source, decoder input (target shifted right), labels."""
 
     src: torch.Tensor  # (B, S): x_1 .. x_n <eos> <pad> ...
     tgt_in: torch.Tensor  # (B, T): <bos> y_1 .. y_m <pad> ...
@@ -41,14 +42,16 @@ class Batch:
     n_tgt_tokens: int  # real target tokens: the positions the loss counts
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        """The same batch with its tensors on `device` (non_blocking: a copy from pinned memory need not wait)."""
-        return Batch(self.src.to(device, non_blocking=non_blocking), self.tgt_in.to(device, non_blocking=non_blocking),
-                     self.tgt_out.to(device, non_blocking=non_blocking), self.n_src_tokens, self.n_tgt_tokens)
+        """The same batch on `device` (non_blocking: a copy from pinned memory need not wait)."""
+        return Batch(self.src.to(device, non_blocking=non_blocking),
+                     self.tgt_in.to(device, non_blocking=non_blocking),
+                     self.tgt_out.to(device, non_blocking=non_blocking),
+                     self.n_src_tokens, self.n_tgt_tokens)
 
     def pin_memory(self) -> "Batch":
-        """The same batch in page-locked host memory, which a CUDA GPU can copy from while it computes."""
-        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_src_tokens,
-                     self.n_tgt_tokens)
+        """The same batch in page-locked memory, which a CUDA GPU copies from while it computes."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
+                     self.n_src_tokens, self.n_tgt_tokens)
 
 
 def make_batch(
@@ -58,7 +61,7 @@ def make_batch(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> Batch:
-    """Teacher forcing (Sec 3.1): source + <eos>; decoder input <bos> + target; labels target + <eos>."""
+    """Sec 3.1: source + <eos>; decoder input <bos> + target; labels target + <eos>."""
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} source sentences but {len(tgt)} target sentences")
     return Batch(
@@ -69,19 +72,20 @@ def make_batch(
         n_tgt_tokens=sum(len(t) + 1 for t in tgt),
     )
 
-# %% ../book/11_training.ipynb #c0b62020
+# %% ../book/11_training.ipynb #94063661
 def _xlogx(x: float) -> float:
     """x log x, with the limit 0 at x = 0."""
     return x * math.log(x) if x > 0 else 0.0
 
 
 class LabelSmoothingLoss(nn.Module):
-    """KL divergence from the model's distribution to the label-smoothed target (Sec 5.4); padding ignored.
+    """KL(q || p) from the model's distribution p to the smoothed target q (Sec 5.4); no padding.
 
     The smoothing mass is spread over the V - 2 tokens that are neither the label nor <pad>.
     """
 
-    def __init__(self, vocab_size: int, pad_id: int = PAD_ID, smoothing: float = 0.1, reduction: str = "mean") -> None:
+    def __init__(self, vocab_size: int, pad_id: int = PAD_ID, smoothing: float = 0.1,
+                 reduction: str = "mean") -> None:
         super().__init__()
         if vocab_size < 3:
             raise ValueError(f"vocab_size={vocab_size}: label smoothing needs at least 3 tokens")
@@ -89,31 +93,32 @@ class LabelSmoothingLoss(nn.Module):
             raise ValueError(f"smoothing={smoothing} must be in [0, 1)")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction={reduction!r} must be 'mean' (per real token) or 'sum'")
-        self.vocab_size, self.pad_id, self.smoothing, self.reduction = vocab_size, pad_id, smoothing, reduction
+        self.vocab_size, self.pad_id = vocab_size, pad_id
+        self.smoothing, self.reduction = smoothing, reduction
         self.confidence = 1.0 - smoothing  # q(label)
         self.low = smoothing / (vocab_size - 2)  # q(v) for every other token except <pad>
-        self.constant = _xlogx(self.confidence) + (vocab_size - 2) * _xlogx(self.low)  # sum_v q log q
+        self.constant = _xlogx(self.confidence) + (vocab_size - 2) * _xlogx(self.low)  # sum q log q
 
     def forward(self, log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """log_probs (..., V) from log-softmax, labels (...) token ids -> mean over real labels, or the sum."""
+        """log_probs (..., V) from log-softmax, labels (...) -> mean over real labels, or sum."""
         log_probs = log_probs.float()  # (..., V)
         keep = labels != self.pad_id  # (...)
         label_lp = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (...) log p(y)
-        other_lp = log_probs.sum(-1) - label_lp - log_probs[..., self.pad_id]  # (...) sum over the V - 2 others
+        other_lp = log_probs.sum(-1) - label_lp - log_probs[..., self.pad_id]  # (...) V - 2 others
         cross = -(self.confidence * label_lp + self.low * other_lp)  # (...) -sum_v q(v) log p(v)
         loss = torch.where(keep, self.constant + cross, 0.0).sum()
         return loss / keep.sum().clamp(min=1) if self.reduction == "mean" else loss
 
-# %% ../book/11_training.ipynb #9d6b5b86
+# %% ../book/11_training.ipynb #293d97ca
 def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
-    """The learning rate of Eq. 3 (Sec 5.3) at `step` (counted from 1): linear warm-up, then step^-0.5 decay."""
+    """The rate of Eq. 3 (Sec 5.3) at `step` (from 1): linear warm-up, then step^-0.5 decay."""
     if step < 1:
         raise ValueError(f"step={step}: the paper counts steps from 1")
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def cooldown_factor(progress: float, cooldown: float) -> float:
-    """1 until the last `cooldown` fraction of a run's budget, then a linear fall to 0 at progress 1."""
+    """1 until the last `cooldown` fraction of the budget, then a linear fall to 0 at the end."""
     if not 0.0 <= cooldown <= 1.0:
         raise ValueError(f"cooldown={cooldown} must be a fraction of the budget, in [0, 1]")
     if cooldown == 0.0:
@@ -122,67 +127,53 @@ def cooldown_factor(progress: float, cooldown: float) -> float:
 
 
 class NoamSchedule(LRScheduler):
-    """Sets every parameter group's learning rate to noam_rate(k) for the k-th optimiser step (Sec 5.3).
+    """Sets every parameter group's rate to noam_rate(k) for the k-th optimiser step (Sec 5.3).
 
-    With cooldown > 0 the rate is also multiplied by cooldown_factor(progress, cooldown), where `progress`
-    is the fraction of the run's budget already spent, which the training loop keeps up to date.
+    With cooldown > 0 the rate is also multiplied by cooldown_factor(progress, cooldown), where
+    `progress` is the fraction of the run's budget already spent, which the training loop updates.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,
-                 cooldown: float = 0.0) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        d_model: int,
+        warmup: int,
+        factor: float = 1.0,
+        cooldown: float = 0.0,
+    ) -> None:
         cooldown_factor(0.0, cooldown)  # validates cooldown
         self.d_model, self.warmup, self.factor, self.cooldown = d_model, warmup, factor, cooldown
         self.progress = 0.0
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
-        """The rate of the next optimiser step: PyTorch's last_epoch counts from 0, the paper's step from 1."""
+        """The next step's rate: PyTorch's last_epoch counts from 0, the paper's step from 1."""
         rate = noam_rate(self.last_epoch + 1, self.d_model, self.warmup, self.factor)
         rate *= cooldown_factor(self.progress, self.cooldown)
         return [rate for _ in self.optimizer.param_groups]
 
-# %% ../book/11_training.ipynb #f7d2fff1
-def token_batches(
-    src_lens: Sequence[int],
-    tgt_lens: Sequence[int],
-    max_tokens: int,
-    seed: int | None = None,
-    epoch: int = 0,
-    pool_size: int = 8192,
-) -> list[list[int]]:
-    """Batches of sentence indices holding at most max_tokens padded tokens per side, similar lengths together.
+# %% ../book/11_training.ipynb #29ef51d2
+def cut_into_batches(pool: Sequence[int], lengths: Sequence[int],
+                     max_tokens: int) -> list[list[int]]:
+    """Move 3: cut a pool of sentence indices, in order, into batches of max_tokens padded tokens.
 
-    The order depends only on (seed, epoch); seed=None sorts everything by length without shuffling.
+    A batch closes when one more sentence would make (sentences + 1) * (its longest length) exceed
+    max_tokens; a sentence longer than max_tokens gets a batch of its own.
     """
-    if len(src_lens) != len(tgt_lens):
-        raise ValueError(f"{len(src_lens)} source lengths but {len(tgt_lens)} target lengths")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens={max_tokens} must be positive")
-    n = len(src_lens)
-    generator = None if seed is None else torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = list(range(n)) if generator is None else torch.randperm(n, generator=generator).tolist()
-    pools = [order] if generator is None else [order[i : i + pool_size] for i in range(0, n, pool_size)]
     batches: list[list[int]] = []
-    for pool in pools:
-        # by the longer side first, which is what the budget counts; stable, so ties keep their shuffled order
-        pool.sort(key=lambda i: (max(src_lens[i], tgt_lens[i]), src_lens[i], tgt_lens[i]))
-        batch: list[int] = []
-        longest = 0  # the longest source or target length in the open batch
-        for i in pool:
-            length = max(src_lens[i], tgt_lens[i])
-            if batch and (len(batch) + 1) * max(longest, length) > max_tokens:
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(i)
-            longest = max(longest, length)
-        if batch:
+    batch: list[int] = []
+    longest = 0  # the longest length in the open batch
+    for i in pool:
+        if batch and (len(batch) + 1) * max(longest, lengths[i]) > max_tokens:
             batches.append(batch)
-    if generator is not None:
-        batches = [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
-    return batches
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, lengths[i])
+    return batches + [batch] if batch else batches
 
 
-def padding_fraction(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int]) -> float:
+def padding_fraction(batches: Sequence[Sequence[int]], src_lens: Sequence[int],
+                     tgt_lens: Sequence[int]) -> float:
     """The share of padding among all the token slots of the batches, source and target together."""
     real = padded = 0
     for batch in batches:
@@ -191,19 +182,49 @@ def padding_fraction(batches: Sequence[Sequence[int]], src_lens: Sequence[int], 
         padded += len(batch) * (max(s) + max(t))
     return 1.0 - real / padded
 
+# %% ../book/11_training.ipynb #f1973db3
+def token_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int,
+                  seed: int | None = None, epoch: int = 0,
+                  pool_size: int = 8192) -> list[list[int]]:
+    """Batches of sentence indices, <= max_tokens padded tokens a side, similar lengths together.
+
+    The order depends only on (seed, epoch); seed=None sorts everything by length without shuffling.
+    """
+    if len(src_lens) != len(tgt_lens):
+        raise ValueError(f"{len(src_lens)} source lengths but {len(tgt_lens)} target lengths")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be positive")
+    n = len(src_lens)
+    longer = [max(s, t) for s, t in zip(src_lens, tgt_lens)]  # the side the budget counts
+    generator = None if seed is None else torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    if generator is None:  # the order for evaluation: one pool of everything, sorted
+        pools = [list(range(n))]
+    else:  # move 1: shuffle; move 2: cut into pools
+        order = torch.randperm(n, generator=generator).tolist()
+        pools = [order[i : i + pool_size] for i in range(0, n, pool_size)]
+    batches = []
+    for pool in pools:
+        # move 2: sort by the longer side first; stable, so ties keep their shuffled order
+        pool.sort(key=lambda i: (longer[i], src_lens[i], tgt_lens[i]))
+        batches += cut_into_batches(pool, longer, max_tokens)  # move 3
+    if generator is not None:  # move 4: shuffle the batches
+        batches = [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches
+
 # %% ../book/11_training.ipynb #4dfe7270
-def batch_loss(model: Transformer, batch: Batch, criterion: LabelSmoothingLoss) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed label-smoothed loss and summed negative log-likelihood over the real target tokens of a batch."""
+def batch_loss(model: Transformer, batch: Batch,
+               criterion: LabelSmoothingLoss) -> tuple[torch.Tensor, torch.Tensor]:
+    """The label-smoothed loss and the negative log-likelihood, summed over real target tokens."""
     memory, src_mask = model.encode(batch.src)  # (B, S, D), (B, 1, 1, S)
     hidden = model.decode(batch.tgt_in, memory, src_mask)  # (B, T, D)
-    log_probs = model.generator(hidden).float()  # (B, T, V): log-softmax in float32, padded positions too
+    log_probs = model.generator(hidden).float()  # (B, T, V): in float32, padded positions too
     label_lp = log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)  # (B, T)
     nll = -torch.where(batch.tgt_out != criterion.pad_id, label_lp, 0.0).sum()
     return criterion(log_probs, batch.tgt_out), nll
 
 # %% ../book/11_training.ipynb #5e5b2a67
 def average_weights(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The element-wise mean of several state dicts' floating-point tensors (checkpoint averaging, Sec 6.1)."""
+    """The mean of state dicts' floating-point tensors (checkpoint averaging, Sec 6.1)."""
     if not state_dicts:
         raise ValueError("average_weights needs at least one state dict")
     averaged = {}
@@ -217,7 +238,7 @@ def average_weights(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[str,
 def encode_pairs(
     pairs: Sequence[tuple[str, str]], tokenizer: BPETokenizer, max_len: int | None = None
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids (no special tokens) of (source, target) pairs; pairs with a side over max_len tokens are dropped."""
+    """Token ids of (source, target) pairs, less those with a side over max_len."""
     src = tokenizer.encode_batch([s for s, _ in pairs])
     tgt = tokenizer.encode_batch([t for _, t in pairs])
     if max_len is None:
