@@ -1,7 +1,9 @@
 """Write the set-up cell, built from the repository URL and branch in _config.yml and the version in pyproject.toml,
 at the top of every notebook.
 
-Run `python tools/install_cell.py` after changing either (or `python tools/install_cell.py NOTEBOOK ...` for some); tests/test_book.py fails when a notebook disagrees.
+Run `python tools/install_cell.py` after changing either (or `python tools/install_cell.py NOTEBOOK ...` for
+some); tests/test_book.py fails when a notebook disagrees. Every line of the cell is at most 100 characters, the
+width of the book's code column.
 The cell carries the `remove-cell` tag: it runs in Colab and under nbval, and the rendered book leaves it out.
 
 The rule that keeps a notebook and its library together: the cell installs the code of the same commit line as
@@ -58,14 +60,16 @@ def install_source() -> str:
     return (
         f"{MARKER}. Opened alone (as in Colab), a notebook clones the book's repository\n"
         f"# at the ref of its version into {COPY}/ and works in its book/ folder, where results/ and\n"
-        "# figures/ are. Then, as in any clone, it installs the clone's transformer_lib unless that version is there.\n"
+        "# figures/ are. Then, as in any clone, it installs the clone's transformer_lib unless that\n"
+        "# version is there.\n"
         "import importlib, importlib.metadata, os, subprocess, sys\n"
         "from pathlib import Path\n"
         f'BOOK_VERSION, BOOK_REF = "{version()}", "{git_ref()}"\n'
         "if not (Path.cwd().parent / \"transformer_lib\").is_dir():\n"
         f'    if not Path("{COPY}").is_dir():\n'
         f'        subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", BOOK_REF,\n'
-        f'                        "{repository_url()}", "{COPY}"], check=True)\n'
+        f'                        "{repository_url()}",\n'
+        f'                        "{COPY}"], check=True)\n'
         f'    os.chdir("{COPY}/book")\n'
         f'    print(f"Working in {COPY}/book, the repository at {{BOOK_REF}}.")\n'
         "try:\n"
