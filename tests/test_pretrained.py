@@ -122,3 +122,16 @@ def test_the_card_carries_the_record_of_its_run():
     record = next(r for r in records if r["command"] == CARD_DATA["trained"]["command"])
     assert all(CARD_DATA["trained"][k] == record[k] for k in CARD_DATA["trained"])
     assert CARD_DATA["parameters"] == record["parameters"] and CARD_DATA["decoding"] == record["decoding"]
+
+
+def test_the_run_of_the_shipped_model_keeps_its_log_and_translations():
+    """Chapter 13 draws the shipped model's loss curves from its run's metrics.jsonl and the paired bootstraps of
+    later runs read its translations: both sit beside its record in results/shipped/, and they are of that run."""
+    shipped = ROOT / "results" / "shipped"
+    path = next(p for p in sorted(shipped.glob("*.json"))
+                if json.loads(p.read_text(encoding="utf-8"))["command"] == CARD_DATA["trained"]["command"])
+    log = [json.loads(line) for line in path.with_suffix(".metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert max(r["step"] for r in log if "step" in r) == CARD_DATA["trained"]["steps"]
+    for split, sentences in (("val", 1014), ("test2016", 1000)):
+        lines = (shipped / f"{path.stem}.{split}.txt").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == sentences and all(line.strip() for line in lines)

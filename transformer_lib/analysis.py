@@ -20,7 +20,8 @@ from .tokenizer import BPETokenizer
 from .translate import Translator, paired_bootstrap
 
 # %% ../book/14_inside_the_translator.ipynb #bb4ca4c7
-def attention_maps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> dict[str, torch.Tensor]:
+def attention_maps(model: Transformer, src: torch.Tensor,
+                   tgt: torch.Tensor) -> dict[str, torch.Tensor]:
     """The attention weights of one pass of src (1, S) and decoder input tgt (1, T), by kind.
 
     "encoder": (L_enc, H, S, S), "decoder": (L_dec, H, T, T), "cross": (L_dec, H, T, S).
@@ -32,9 +33,10 @@ def attention_maps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> 
         with evaluating(model):
             model(src, tgt)  # (1, T, V); the layers keep their weights on the way
         return {
-            "encoder": torch.stack([layer.self_attn_weights[0] for layer in enc_layers]),  # (L, H, S, S)
-            "decoder": torch.stack([layer.self_attn_weights[0] for layer in dec_layers]),  # (L, H, T, T)
-            "cross": torch.stack([layer.cross_attn_weights[0] for layer in dec_layers]),  # (L, H, T, S)
+            # (L, H, S, S), (L, H, T, T) and (L, H, T, S)
+            "encoder": torch.stack([layer.self_attn_weights[0] for layer in enc_layers]),
+            "decoder": torch.stack([layer.self_attn_weights[0] for layer in dec_layers]),
+            "cross": torch.stack([layer.cross_attn_weights[0] for layer in dec_layers]),
         }
     finally:
         for layer in enc_layers + dec_layers:
@@ -45,29 +47,31 @@ def attention_maps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> 
 
 
 def cross_attention(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """Cross-attention weights (L, H, T, S) of each decoder layer as it reads tgt (1, T) for src (1, S)."""
+    """Cross-attention weights (L, H, T, S) of each decoder layer reading tgt (1, T) for src."""
     return attention_maps(model, src, tgt)["cross"]
 
-
+# %% ../book/14_inside_the_translator.ipynb #197a9996
 def alignment(translator: Translator, sentence: str, beam_size: int = 4,
               kind: str = "cross") -> tuple[list[str], list[str], torch.Tensor]:
-    """Translate one sentence; return its source tokens, the output tokens and the weights of one kind of
-    attention (default "cross": (L, H, T, S)); kind="all" returns the dict of attention_maps."""
+    """Translate one sentence; return its source tokens, the output tokens and the weights of one
+    kind of attention (default "cross": (L, H, T, S)); kind="all": the dict of attention_maps."""
     cfg, tok = translator.model.config, translator.tokenizer
     ids, _ = translator.encode([sentence])
     src = torch.tensor(ids, device=translator.device)  # (1, S)
     model = translator.model
     with evaluating(model):
-        hyp = (greedy_decode(model, src) if beam_size == 1 else beam_search(model, src, beam_size))[0]
-    produced = [*hyp, cfg.eos_id] if len(hyp) < output_budget(model, src) else hyp  # no eos: out of budget
-    tgt = torch.tensor([[cfg.bos_id, *produced[:-1]]], device=translator.device)  # (1, T): decoder input
+        decode = greedy_decode(model, src) if beam_size == 1 else beam_search(model, src, beam_size)
+    hyp = decode[0]
+    # no eos: the hypothesis ran out of budget
+    produced = [*hyp, cfg.eos_id] if len(hyp) < output_budget(model, src) else hyp
+    tgt = torch.tensor([[cfg.bos_id, *produced[:-1]]], device=translator.device)  # (1, T): input
     maps = {name: w.float().cpu() for name, w in attention_maps(model, src, tgt).items()}
     return [tok.id_to_token(i) for i in ids[0]], [tok.id_to_token(i) for i in produced], \
         (maps if kind == "all" else maps[kind])
 
 # %% ../book/14_inside_the_translator.ipynb #76fc5daa
 def word_start_labels(tokens: Sequence[str]) -> list[str]:
-    """Plot labels of BPE tokens: a piece that starts a word shows "▁" in place of its leading space."""
+    """Plot labels of BPE tokens: a piece that starts a word shows "▁" for its leading space."""
     labels = []
     for i, token in enumerate(tokens):
         if token.startswith(" "):
@@ -81,41 +85,47 @@ def word_start_labels(tokens: Sequence[str]) -> list[str]:
 
 def plot_alignment(weights: torch.Tensor, src_tokens: Sequence[str], out_tokens: Sequence[str],
                    ax: Any = None, title: str = "cross-attention") -> Any:
-    """Draw weights (T, S) as a heatmap, source tokens across and output tokens down (▁ starts a word)."""
+    """Draw weights (T, S) as a heatmap: source tokens across, output tokens down."""
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        size = (min(0.45 * len(src_tokens) + 2, 14), min(0.35 * len(out_tokens) + 1.5, 12))
+    if ax is None:  # at most 7 inches wide, so that a page shows the labels at their size
+        size = (min(0.3 * len(src_tokens) + 2, 7), min(0.25 * len(out_tokens) + 1.5, 9))
         ax = plt.subplots(figsize=size)[1]
     image = ax.imshow(weights, cmap="Blues", vmin=0, aspect="auto")
     ax.figure.colorbar(image, ax=ax, fraction=0.04, label="attention weight")
-    ax.set_xticks(range(len(src_tokens)), word_start_labels(src_tokens), rotation=90)
-    ax.set_yticks(range(len(out_tokens)), word_start_labels(out_tokens))
+    ax.set_xticks(range(len(src_tokens)), word_start_labels(src_tokens), rotation=90, fontsize=10)
+    ax.set_yticks(range(len(out_tokens)), word_start_labels(out_tokens), fontsize=10)
     ax.set(xlabel="German source tokens", ylabel="English output tokens", title=title)
     return ax
 
-
-def plot_heads(weights: torch.Tensor, row_tokens: Sequence[str], col_tokens: Sequence[str], title: str) -> Any:
-    """One heatmap per layer and head of weights (L, H, rows, cols); tokens label the last row and first column."""
+# %% ../book/14_inside_the_translator.ipynb #2cfaf52b
+def plot_heads(weights: torch.Tensor, row_tokens: Sequence[str], col_tokens: Sequence[str],
+               title: str, columns: int = 2) -> Any:
+    """One heatmap per head of one layer's weights (H, rows, cols), `columns` to a row, 7 inches
+    wide; tokens label the left column and the bottom row."""
     import matplotlib.pyplot as plt
 
-    L, H = weights.shape[:2]
+    H = weights.shape[0]
+    grid_rows = -(-H // columns)
     rows, cols = word_start_labels(row_tokens), word_start_labels(col_tokens)
-    fig, axes = plt.subplots(L, H, figsize=(2.9 * H + 1, 0.16 * len(rows) * L + 1.6), squeeze=False)
-    for layer in range(L):
-        for head in range(H):
-            ax = axes[layer, head]
-            ax.imshow(weights[layer, head], cmap="Blues", vmin=0, aspect="auto")
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=10)
-            ax.set_xticks(range(len(cols)), cols if layer == L - 1 else [], rotation=90, fontsize=7)
-            ax.set_yticks(range(len(rows)), rows if head == 0 else [], fontsize=7)
-    fig.suptitle(title)
+    height = grid_rows * (0.15 * len(rows) + 1.1) + 0.5
+    fig, axes = plt.subplots(grid_rows, columns, figsize=(7, height), squeeze=False)
+    for head, ax in enumerate(axes.flat):
+        if head >= H:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[head], cmap="Blues", vmin=0, aspect="auto")
+        ax.set_title(f"head {head + 1}", fontsize=10)
+        bottom, left = head // columns == grid_rows - 1, head % columns == 0
+        ax.set_xticks(range(len(cols)), cols if bottom else [], rotation=90, fontsize=10)
+        ax.set_yticks(range(len(rows)), rows if left else [], fontsize=10)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
 
 # %% ../book/14_inside_the_translator.ipynb #b8fe21ca
 def attention_modules(model: Transformer) -> dict[str, list[MultiHeadAttention]]:
-    """The model's attention modules by kind: "encoder" and "decoder" self-attention, "cross"-attention."""
+    """The model's attention modules by kind: "encoder" and "decoder" self-attention, "cross"."""
     return {
         "encoder": [layer.self_attn for layer in model.encoder.layers],
         "decoder": [layer.self_attn for layer in model.decoder.layers],
@@ -125,13 +135,16 @@ def attention_modules(model: Transformer) -> dict[str, list[MultiHeadAttention]]
 
 @contextmanager
 def without_head(attention: MultiHeadAttention, head: int) -> Iterator[None]:
-    """Switch one head of an attention module off inside the block: its output is zero before W^O."""
+    """Switch one head of an attention module off inside the block: its output is 0 before W^O."""
     if not 0 <= head < attention.n_heads:
-        raise ValueError(f"head {head} does not exist: the module has heads 0 to {attention.n_heads - 1}")
+        raise ValueError(f"head {head} does not exist: the module has heads 0 to "
+                         f"{attention.n_heads - 1}")
     start, stop = head * attention.d_head, (head + 1) * attention.d_head
 
-    def silence(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        heads = inputs[0].clone()  # (B, T, D): the heads' outputs side by side, head h in columns h*Dh..(h+1)*Dh
+    def silence(module: torch.nn.Module,
+                inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        # (B, T, D): the heads' outputs side by side, head h in columns h*Dh..(h+1)*Dh
+        heads = inputs[0].clone()
         heads[..., start:stop] = 0.0
         return (heads, *inputs[1:])
 
@@ -142,8 +155,9 @@ def without_head(attention: MultiHeadAttention, head: int) -> Iterator[None]:
         handle.remove()
 
 # %% ../book/14_inside_the_translator.ipynb #03589157
-def nearest_tokens(model: Transformer, tokenizer: BPETokenizer, word: str, k: int = 5) -> list[tuple[str, float]]:
-    """The k tokens whose embeddings are nearest (cosine) to that of word, a single token after a space."""
+def nearest_tokens(model: Transformer, tokenizer: BPETokenizer, word: str,
+                   k: int = 5) -> list[tuple[str, float]]:
+    """The k tokens whose embeddings are nearest (cosine) to word's, one token after a space."""
     ids = tokenizer.encode(" " + word)
     if len(ids) != 1:
         raise ValueError(f"{word!r} is {len(ids)} tokens, not one: {tokenizer.tokens(' ' + word)}")
@@ -152,11 +166,14 @@ def nearest_tokens(model: Transformer, tokenizer: BPETokenizer, word: str, k: in
     similarity[: 4] = -2.0  # leave out the special tokens <pad>, <bos>, <eos>, <unk>
     similarity[ids[0]] = -2.0  # and the word itself
     best = similarity.topk(k)
-    return [(tokenizer.id_to_token(i).strip(), round(s, 2)) for s, i in zip(best.values.tolist(), best.indices.tolist())]
+    return [(tokenizer.id_to_token(i).strip(), round(s, 2))
+            for s, i in zip(best.values.tolist(), best.indices.tolist())]
 
 # %% ../book/14_inside_the_translator.ipynb #d935328e
-def split_words(tokenizer: BPETokenizer, sentence: str, min_pieces: int = 4) -> list[tuple[str, list[str]]]:
-    """The words of sentence that BPE cuts into min_pieces or more tokens (encoded after a space), with the pieces."""
+def split_words(tokenizer: BPETokenizer, sentence: str,
+                min_pieces: int = 4) -> list[tuple[str, list[str]]]:
+    """The words of sentence that BPE cuts into min_pieces or more tokens (encoded after a space),
+    with the pieces."""
     found = []
     for word in re.findall(r"\w+", sentence):
         pieces = tokenizer.tokens(" " + word)
@@ -166,6 +183,7 @@ def split_words(tokenizer: BPETokenizer, sentence: str, min_pieces: int = 4) -> 
 
 
 def unsupported_words(hypothesis: str, source: str, reference: str) -> list[str]:
-    """The words of hypothesis (lower-cased) in neither source nor reference: candidates for hallucinations."""
+    """The words of hypothesis (lower-cased) in neither source nor reference: candidate
+    hallucinations."""
     seen = set(re.findall(r"\w+", source.lower())) | set(re.findall(r"\w+", reference.lower()))
     return [word for word in re.findall(r"\w+", hypothesis.lower()) if word not in seen]

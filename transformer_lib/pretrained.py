@@ -27,12 +27,13 @@ WEIGHTS, TOKENIZER, CARD, CARD_MARKDOWN = "model.pt", "tokenizer.json", "card.js
 
 
 def half_weights(model: Transformer) -> dict[str, torch.Tensor]:
-    """The model's state_dict in float16. A tensor that several names share (the tied embedding table) stays one
-    tensor, so torch.save writes it once."""
+    """The model's state_dict in float16. A tensor that several names share (the tied embedding
+    table) stays one tensor, so torch.save writes it once."""
     copies: dict[tuple, torch.Tensor] = {}
     weights = {}
     for name, tensor in model.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride())  # the same memory seen the same way
+        # the same memory seen the same way
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
         if key not in copies:
             tensor = tensor.detach().cpu()
             copies[key] = tensor.to(torch.float16) if tensor.is_floating_point() else tensor.clone()
@@ -40,10 +41,13 @@ def half_weights(model: Transformer) -> dict[str, torch.Tensor]:
     return weights
 
 # %% ../book/eng_book_model.ipynb #d9cd28de
-def write_pretrained(model: Transformer, tokenizer: BPETokenizer, folder: str | Path) -> dict[str, dict[str, Any]]:
-    """Write a trained model as shippable files in folder: float16 weights with their config, and the tokenizer.
+def write_pretrained(model: Transformer, tokenizer: BPETokenizer,
+                     folder: str | Path) -> dict[str, dict[str, Any]]:
+    """Write a trained model as shippable files in folder: float16 weights with their config,
+    and the tokenizer.
 
-    Returns {file name: {"bytes", "sha256"}}, the fields that the model card records and loading checks.
+    Returns {file name: {"bytes", "sha256"}}, the fields that the model card records and loading
+    checks.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -60,27 +64,34 @@ def shipped_dir() -> Path:
     return Path(str(resources.files("transformer_lib"))) / "pretrained"
 
 
-def load_pretrained(device: str | torch.device = "auto", folder: str | Path | None = None) -> Translator:
-    """The Translator of the shipped model (or of the files write_pretrained put in folder), in float32.
+def load_pretrained(device: str | torch.device = "auto",
+                    folder: str | Path | None = None) -> Translator:
+    """The Translator of the shipped model (or of the files write_pretrained put in folder), in
+    float32.
 
-    Each file is checked against the SHA-256 that its card records: a damaged or partial file is refused with
-    CheckpointError before any of it is unpickled (and then only with weights_only=True).
+    Each file is checked against the SHA-256 that its card records: a damaged or partial file is
+    refused with CheckpointError before any of it is unpickled (and then only with
+    weights_only=True).
     """
     folder = Path(folder) if folder is not None else shipped_dir()
     if not (folder / CARD).is_file():
-        raise CheckpointError(f"no model card at {folder / CARD}: this installation holds no trained model; "
-                              "reinstall transformer-lib from the book's repository, or train one")
+        raise CheckpointError(f"no model card at {folder / CARD}: this installation holds no "
+                              "trained model; reinstall transformer-lib from the book's "
+                              "repository, or train one")
     card = json.loads((folder / CARD).read_text(encoding="utf-8"))
     for name, expected in card["files"].items():
         path = folder / name
         if not path.is_file():
-            raise CheckpointError(f"{path} is missing: reinstall transformer-lib, or restore the file from git")
+            raise CheckpointError(f"{path} is missing: reinstall transformer-lib, or restore the "
+                                  "file from git")
         if (found := sha256_file(path)) != expected["sha256"]:
             raise CheckpointError(f"{path} is damaged (SHA-256 {found[:12]}..., its card says "
-                                  f"{expected['sha256'][:12]}...): reinstall transformer-lib, or restore the file")
+                                  f"{expected['sha256'][:12]}...): reinstall transformer-lib, or "
+                                  "restore the file")
     saved = torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True)
     if saved.get("format") != PRETRAINED_FORMAT:
-        raise CheckpointError(f"{folder / WEIGHTS} is not a shipped model of this library ({PRETRAINED_FORMAT})")
+        raise CheckpointError(f"{folder / WEIGHTS} is not a shipped model of this library "
+                              f"({PRETRAINED_FORMAT})")
     model = Transformer(TransformerConfig.from_dict(saved["model_config"]))
     model.load_state_dict(saved["model"])  # float16 values copied into the float32 parameters
     device = resolve_device(device) if isinstance(device, str) else device
@@ -91,46 +102,63 @@ Translator.pretrained = staticmethod(load_pretrained)
 
 # %% ../book/eng_book_model.ipynb #b4ee0bbb
 def _scores_table(card: dict[str, Any]) -> list[str]:
-    """The card's BLEU as Markdown rows: each split and decoding, float32 as trained beside float16 as shipped."""
-    rows = ["| split | decoding | float32, as trained | float16, as shipped |", "|---|---|---:|---:|"]
+    """The card's BLEU as Markdown rows: each split and decoding, float32 as trained beside float16
+    as shipped."""
+    rows = ["| split | decoding | float32, as trained | float16, as shipped |",
+            "|---|---|---:|---:|"]
+    beam = f"beam {card['decoding']['beam_size']}, alpha {card['decoding']['alpha']}"
     for split in card["shipped"]["bleu"]:
-        for key, decoding in (("bleu", f"beam {card['decoding']['beam_size']}, alpha {card['decoding']['alpha']}"),
-                              ("bleu_greedy", "greedy")):
+        for key, decoding in (("bleu", beam), ("bleu_greedy", "greedy")):
             trained, shipped = card["trained"][key][split], card["shipped"][key][split]
-            rows.append(f"| {split} | {decoding} | {trained['cased']:.2f} | {shipped['cased']:.2f} |")
+            rows.append(f"| {split} | {decoding} | {trained['cased']:.2f} | "
+                        f"{shipped['cased']:.2f} |")
     return rows
 
 
 def model_card(card: dict[str, Any]) -> str:
-    """The Markdown model card (MODEL_CARD.md) of a card.json: what the model is, how it was made, its scores, terms."""
+    """The Markdown model card (MODEL_CARD.md) of a card.json: what the model is, how it was made,
+    its scores, terms."""
     c, run = card["model_config"], card["trained"]
-    files = [f"| `{name}` | {f['bytes']:,} | `{f['sha256']}` |" for name, f in card["files"].items()]
+    files = [f"| `{name}` | {f['bytes']:,} | `{f['sha256']}` |"
+             for name, f in card["files"].items()]
     lines = [
         "# The book's German-to-English translator", "",
-        "The encoder-decoder Transformer of *Attention Is All You Need*, built and trained by `transformer_lib` "
-        "as the book teaches it, shipped inside the package so that it translates without training.", "",
+        "The encoder-decoder Transformer of *Attention Is All You Need*, built and trained by "
+        "`transformer_lib` "
+        "as the book teaches it, shipped inside the package so that it translates without "
+        "training.", "",
         "| | |", "|---|---|",
-        f"| model | D={c['d_model']}, {c['n_heads']} heads, {c['n_encoder_layers']}+{c['n_decoder_layers']} layers, "
-        f"F={c['d_ff']}, one embedding table for source, target and output; {card['parameters']:,} parameters |",
-        f"| tokenizer | byte-level BPE of {c['vocab_size']:,} tokens shared by German and English (`{TOKENIZER}`) |",
+        f"| model | D={c['d_model']}, {c['n_heads']} heads, "
+        f"{c['n_encoder_layers']}+{c['n_decoder_layers']} layers, "
+        f"F={c['d_ff']}, one embedding table for source, target and output; {card['parameters']:,} "
+        "parameters |",
+        f"| tokenizer | byte-level BPE of {c['vocab_size']:,} tokens shared by German and English "
+        f"(`{TOKENIZER}`) |",
         f"| weights | float16 (`{WEIGHTS}`), loaded into float32 |",
         f"| command | `{run['command']}` |",
-        f"| machine | {run['device']}, PyTorch {run['torch_version']}, {run['precision']}, {run['date']} |",
+        f"| machine | {run['device']}, PyTorch {run['torch_version']}, {run['precision']}, "
+        f"{run['date']} |",
         f"| budget | {run['steps']:,} steps, {run['epochs']} epochs, {run['tokens']:,} tokens, "
         f"{run['train_minutes']} minutes, a median of {run['tokens_per_s']:,} tokens/s |", "",
         "## Scores", "",
-        "sacreBLEU on Multi30k (cased, detokenized). The float16 copy is the one that ships; it is scored again "
+        "sacreBLEU on Multi30k (cased, detokenized). The float16 copy is the one that ships; it is "
+        "scored again "
         "after the conversion.", "",
         *_scores_table(card), "",
         f"Signature: `{card['signature']}`.", "",
         "## Data and terms", "",
-        "Trained on the 29,000 training pairs of Multi30k, task 1 (Elliott et al., 2016, *Multi30K: Multilingual "
-        "English-German Image Descriptions*, doi:10.18653/v1/W16-3210). Its authors provide the data for "
-        "non-commercial research and education and ask every user to cite that paper; a model learned from it "
+        "Trained on the 29,000 training pairs of Multi30k, task 1 (Elliott et al., 2016, "
+        "*Multi30K: Multilingual "
+        "English-German Image Descriptions*, doi:10.18653/v1/W16-3210). Its authors provide the "
+        "data for "
+        "non-commercial research and education and ask every user to cite that paper; a model "
+        "learned from it "
         "is offered on the same terms, for learning and research.", "",
         "## What it is good for", "",
-        "Short German descriptions of everyday scenes, like the image captions it learned from. Rare words, which "
-        "the tokenizer cuts into many pieces, fail more often (chapter 14 of the book shows how); longer sentences, "
+        "Short German descriptions of everyday scenes, like the image captions it learned from. "
+        "Rare words, which "
+        "the tokenizer cuts into many pieces, fail more often (chapter 14 of the book shows how); "
+        "longer sentences, "
         "other domains and names were not measured. It is a "
         "teaching model of a few million parameters, not a general translator.", "",
         "## Use", "",
