@@ -72,8 +72,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int | None = None,
     with evaluating(model):
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
         cache = model.new_cache() if use_cache else None
-        # (A, 1): the A sentences still decoding, A = B first
-        ys = src.new_full((src.size(0), 1), cfg.bos_id)
+        ys = src.new_full((src.size(0), 1), cfg.bos_id)  # (A, 1): A rows still decoding, first B
         live = list(range(src.size(0)))  # the sentence of each row of ys
         outputs: list[list[int]] = [[] for _ in live]
         for _ in range(steps):
