@@ -94,8 +94,9 @@ def _check_train_config(config: TrainConfig) -> None:
     _check_corpus_fields(config)
     numbers = [(f.name, getattr(config, f.name)) for f in fields(config)] + [("betas", b) for b in config.betas]
     for name, value in numbers:
-        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check below
-        if isinstance(value, float) and not math.isfinite(value):
+        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check below. Any
+        # number type (numpy's float32 is no float), so whatever converts to a float is checked.
+        if not isinstance(value, (str, bool)) and hasattr(value, "__float__") and not math.isfinite(float(value)):
             raise ValueError(f"{name}={value} must be a finite number")
     config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields, naming the one wrong
     for name in ["vocab_size", "max_sentence_len", "max_tokens", "accum_steps", "warmup", "epochs", "average_last",
