@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .checkpoints import CheckpointError, load_checkpoint
-from .checkpoints import BUDGET_FIELDS, check_corpus, check_data_order, check_model_config
+from .checkpoints import _BUDGET_FIELDS, check_corpus, check_data_order, check_model_config
 from .checkpoints import check_optimisation, check_resume
 from .config import CORPUS_FIELDS, TrainConfig, renamed_fields
 from .corpus import corpus_tokenizer, read_corpus
@@ -192,7 +192,7 @@ def train(
             changes = _check_resume(state, config, out / "last.pt", tokenizer, procs)
             for change in changes if procs.main else []:
                 print(f"resuming with {change}")
-            if any(change.split(":")[0] in BUDGET_FIELDS for change in changes) and procs.main and (
+            if any(change.split(":")[0] in _BUDGET_FIELDS for change in changes) and procs.main and (
                     config.cooldown > 0 or config.inner_dropout_from > 0):
                 print("the cooldown and the late dropout follow the budget: they move with it")
             final = _finished(state, config, out)
