@@ -492,10 +492,9 @@ def test_late_inner_dropout_switches_on_at_its_fraction_of_the_budget(tmp_path, 
     off = [("MultiHeadAttention", 0.0), ("PositionwiseFeedForward", 0.0), ("SublayerConnection", 0.1)]
     on = [("MultiHeadAttention", 0.1), ("PositionwiseFeedForward", 0.1), ("SublayerConnection", 0.1)]
     assert seen == [off] * 3 + [on] * 3  # progress before step k is (k - 1) / 6
-    seen.clear()  # a resumed run sets the rates before its first step
-    train(replace(config, max_steps=8, inner_dropout_from=0.9), tmp_path / "run", resume=True, progress=False,
-          tokenizer=tokenizer)
-    assert seen == [off, off]
+    seen.clear()  # a resumed run sets the rates before its first step, from its budget: 6 of 14 steps is under half
+    train(replace(config, max_steps=14), tmp_path / "run", resume=True, progress=False, tokenizer=tokenizer)
+    assert seen == [off] + [on] * 7
     with pytest.raises(ValueError, match="inner_dropout_from"):
         TrainConfig(inner_dropout_from=1.0)
 

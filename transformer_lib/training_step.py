@@ -146,15 +146,15 @@ class _RunState:
         if procs.world_size > 1:  # averages the gradients over the processes during backward
             self.ddp = net = DistributedDataParallel(
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None, broadcast_buffers=False)
-        self.inner_sites = inner_dropout_sites(self.model, self.model_config)  # found once, switched when due
-        self.inner_on: bool | None = None  # whether the inner dropout is on (None: not set yet)
-        self.per_step = procs.world_size * config.accum_steps  # micro-batches per optimiser step
         # with length_bucket: the (source, target) length of each group of fixed_shape_batches
         self.shapes = {} if config.length_bucket is None else batch_shapes(self.src_lens, self.tgt_lens,
                                                                             config.length_bucket)
         # compiled: for batches of fixed shapes a static graph each, else one dynamic graph
         self.net = self.compiled(net) if config.compile else net
+        self.inner_sites = inner_dropout_sites(self.model, self.model_config)  # found once, switched when due
         self.bad_windows = 0  # log windows in a row whose loss was not finite (float16's scaler skipped them)
+        self.inner_on: bool | None = None  # whether the inner dropout is on (None: not set yet)
+        self.per_step = procs.world_size * config.accum_steps  # micro-batches per optimiser step
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
         self.tokens = 0  # real source and target tokens trained on, over all processes (None: not counted)
         self.epoch_batches = 0  # micro-batches in the current epoch, set by batches()
