@@ -1,4 +1,5 @@
-# The two commands of the quickstart are `make book` and `make test`; the rest are their parts.
+# The two commands of the quickstart are `make book` and `make test`; the rest are their parts (CI also runs
+# `make test-other-kernels`).
 
 # PyTorch's OpenMP threads spin while they wait; with two notebooks sharing two cores that spinning
 # slows small matrix products by an order of magnitude. Passive waiting keeps both threads useful.
@@ -8,15 +9,17 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: book test colab env export check-export html execute bench clean gpu-data
+.PHONY: book test test-other-kernels colab env export check-export html execute bench clean gpu-data
 
 ## Set up the environment and build the book into _build/html.
 book: env html
 
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
-# Two workers take whole files, the longest first (conftest.py orders them by tests/durations.json).
-PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder \
-          --durations=12
+# One worker a core, one thread each (WORKERS=4 make test to choose); workers take whole files, the longest first
+# (conftest.py orders them by tests/durations.json).
+WORKERS ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
+PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile \
+          --no-loadscope-reorder --durations=12
 # Another numerical path through the same maths: PyTorch's kernels without hand-vectorised code and MKL's
 # matrix products on its reproducible AVX path (no fused multiply-add, unlike the AVX2 and AVX-512 paths it
 # takes by default). Stored outputs must not depend on the path, so both runs compare the same ones. (MKL's SSE2
@@ -24,14 +27,18 @@ PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --d
 # tools/margins.py runs that.)
 OTHER_KERNELS ?= ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX
 
-## Run the whole test suite: unit, property and reference tests, and strict nbval over every notebook;
-## then every notebook again with the math kernels on another path. Two workers on two cores, one thread each.
+## Run the whole test suite once: ruff, the unit, property and reference tests, and strict nbval over every
+## notebook, on one worker a core with one thread each.
 test: env
 	$(VENV)/bin/ruff check .
 	$(PYTEST) $(NBVAL) tests book
+
+## What CI runs after `make test`: every notebook again with the math kernels on another path, against the same
+## stored outputs, and the Colab-like runs beside it.
+test-other-kernels: env
 	@echo "== every notebook again, math kernels on another path: $(OTHER_KERNELS)"
 	$(OTHER_KERNELS) $(PY) -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
-	@# the Colab-like runs share the two cores with this pass: they fill the time its workers would spend idle
+	@# the Colab-like runs share the cores with this pass: they fill the time its workers would spend idle
 	@mkdir -p _build; $(MAKE) --no-print-directory colab > _build/colab.log 2>&1 & colab=$$!; \
 	$(OTHER_KERNELS) $(PYTEST) $(NBVAL) book; status=$$?; \
 	wait $$colab; colab_status=$$?; echo "== Colab-like runs"; cat _build/colab.log; \

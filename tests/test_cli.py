@@ -207,8 +207,7 @@ def test_translate_prints_into_a_text_stream_without_bytes_underneath(workdir, m
     """A notebook's sys.stdout takes text and has no .buffer: the translations reach it all the same."""
     import io
 
-    out = io.StringIO()
-    assert not hasattr(out, "buffer")
+    out = io.StringIO()  # text only: no .buffer underneath
     monkeypatch.setattr(sys, "stdout", out)
     assert main(["translate", "-c", str(workdir / "model.pt"), "--beam", "2", "--quiet", *SENTENCES]) == EXIT_OK
     assert out.getvalue().split("\n") == [*translations(workdir, SENTENCES, 2), ""]

@@ -5,20 +5,16 @@ import math
 import pytest
 import torch
 
-from transformer_lib.checkpoints import OPTIMISATION_FIELDS, CheckpointError, load_checkpoint, save_checkpoint
+from transformer_lib.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from transformer_lib.cli import main
 from transformer_lib.config import TrainConfig
 from transformer_lib.distributed import start_processes
-from transformer_lib.loop import train
+from transformer_lib.loop import resumed_config, train
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.trainer import Trainer, TrainingError
 
 SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, train_subset=200,
              max_tokens=400, warmup=10, epochs=3, log_every=1, average_last=1, seed=5, device="cpu", amp="off")
-
-# a value other than the tiny preset's for each setting the saved optimiser or schedule state carries
-CHANGED = {"lr_factor": 2.0, "warmup": 20, "cooldown": 0.3, "betas": (0.8, 0.98), "eps": 1e-6, "weight_decay": 0.01}
-
 
 @pytest.fixture(scope="module")
 def tokenizer(small_tokenizer):
@@ -33,34 +29,67 @@ def run_folder(tmp_path_factory, tokenizer):
     return out
 
 
-def test_every_optimisation_setting_is_checked():
-    assert set(CHANGED) == set(OPTIMISATION_FIELDS)
+# a value other than SMALL's for each setting that makes a run another experiment: the model, the data and its order,
+# the loss, the schedule and the optimiser; written out here, not read from the library's own lists
+EXPERIMENT = {"d_model": 64, "n_heads": 4, "dropout": 0.2, "train_subset": 150, "max_tokens": 500, "seed": 6,
+              "max_sentence_len": 50, "label_smoothing": 0.0, "inner_dropout_from": 0.5, "lr_factor": 2.0,
+              "warmup": 20, "cooldown": 0.3, "betas": (0.8, 0.98), "eps": 1e-6, "weight_decay": 0.01}
 
 
-@pytest.mark.parametrize("name", sorted(CHANGED))
-def test_a_resume_refuses_a_changed_optimisation_setting_and_names_it(run_folder, name):
-    saved = TrainConfig.from_preset("tiny", **SMALL).to_dict()[name]
-    assert saved != CHANGED[name]
-    expected = f"{name}: checkpoint has {saved!r}, requested {CHANGED[name]!r}"
-    with pytest.raises(CheckpointError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        train(TrainConfig.from_preset("tiny", **{**SMALL, name: CHANGED[name]}, max_steps=3), run_folder,
+@pytest.mark.parametrize("name", sorted(EXPERIMENT))
+def test_a_resume_refuses_a_change_that_makes_another_experiment_and_names_it(run_folder, name):
+    assert TrainConfig.from_preset("tiny", **SMALL).to_dict()[name] != EXPERIMENT[name]
+    with pytest.raises(CheckpointError, match=f"{name}: checkpoint has .*start a new run in another folder"):
+        train(TrainConfig.from_preset("tiny", **{**SMALL, name: EXPERIMENT[name]}, max_steps=3), run_folder,
               resume=True, progress=False)
     assert load_checkpoint(run_folder / "last.pt")["step"] == 2  # refused before any step
 
 
-def test_without_the_check_the_saved_state_would_win(run_folder):
-    """Why the refusal is needed: the saved schedule and optimiser states hold the old values."""
-    state = load_checkpoint(run_folder / "last.pt")
-    assert state["scheduler"]["cooldown"] == 0.0 and state["scheduler"]["warmup"] == SMALL["warmup"]
-    assert tuple(state["optimizer"]["param_groups"][0]["betas"]) == (0.9, 0.98)
+def test_a_resume_continues_with_the_runs_own_settings(tmp_path, capsys):
+    """Started with --set label_smoothing=0.0 --set clip_grad_norm=0.1 and resumed with --resume alone: the run goes
+    on with 0.0 and 0.1, the preset's 0.1 and 1.0 nowhere."""
+    out = tmp_path / "run"
+    run = ["train", "--preset", "tiny", "--out", str(out), "--quiet", "--set", "train_subset=200",
+           "--set", "vocab_size=300", "--set", "label_smoothing=0.0", "--set", "clip_grad_norm=0.1"]
+    assert main([*run, "--set", "max_steps=2"]) == 0
+    seen = []
+    original = Trainer.__init__
+
+    def spy(self, config, *args, **kwargs):
+        seen.append((config.label_smoothing, config.clip_grad_norm))
+        original(self, config, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Trainer, "__init__", spy)
+        assert main(["train", "--preset", "tiny", "--out", str(out), "--quiet", "--resume", "--set",
+                     "max_steps=3"]) == 0
+    assert seen == [(0.0, 0.1)]
+    saved = load_checkpoint(out / "last.pt")
+    assert saved["step"] == 3
+    assert (saved["train_config"]["label_smoothing"], saved["train_config"]["clip_grad_norm"]) == (0.0, 0.1)
+    assert "resuming with max_steps: 2 -> 3" in capsys.readouterr().out
 
 
-def test_a_resume_with_settings_read_at_each_step_changed_goes_on(tmp_path, tokenizer):
+def test_a_resume_that_states_a_setting_again_changes_it_and_prints_the_change(tmp_path, tokenizer, capsys):
     out = tmp_path / "run"
     train(TrainConfig.from_preset("tiny", **SMALL, max_steps=2), out, progress=False, tokenizer=tokenizer)
-    result = train(TrainConfig.from_preset("tiny", **SMALL, max_steps=3, clip_grad_norm=0.5, label_smoothing=0.2),
-                   out, resume=True, progress=False)
-    assert result.history[-1]["step"] == 3
+    capsys.readouterr()
+    train(resumed_config(out, max_steps=3, clip_grad_norm=0.5), out, resume=True, progress=False)
+    printed = capsys.readouterr().out.splitlines()
+    assert sorted(printed) == ["resuming with clip_grad_norm: 1.0 -> 0.5", "resuming with max_steps: 2 -> 3"]
+    assert load_checkpoint(out / "last.pt")["train_config"]["clip_grad_norm"] == 0.5
+
+
+def test_the_command_line_refuses_a_changed_experiment_in_one_line(run_folder, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(run_folder, out)
+    code = main(["train", "--out", str(out), "--quiet", "--resume", "--set", "label_smoothing=0.2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error:"), err
+    assert "label_smoothing: checkpoint has 0.1, requested 0.2" in err[-1]
+    assert "start a new run in another folder" in err[-1]
 
 
 def test_a_checkpoint_written_before_a_setting_existed_resumes_with_its_default(tmp_path, tokenizer):
@@ -205,3 +234,211 @@ def test_train_gives_the_process_its_thread_count_and_tf32_back(tmp_path, tokeni
     finally:
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+# ---------------------------------------------------------------- failures stop the run when they happen
+
+
+def test_the_divergence_advice_is_one_a_resume_accepts(tmp_path, tokenizer, monkeypatch):
+    """The message of a diverged run says how to go on; the resume it advises is accepted and trains on."""
+    import re
+
+    original = Trainer.train_step
+
+    def diverging(self, batches):
+        sums, n = original(self, batches)
+        if self.step == 3:
+            sums[0] = math.nan
+        return sums, n
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as mp:
+        mp.setattr(Trainer, "train_step", diverging)
+        with pytest.raises(TrainingError) as caught:
+            train(TrainConfig.from_preset("tiny", **SMALL, max_steps=6, checkpoint_every=2), out, progress=False,
+                  tokenizer=tokenizer)
+    advice = re.findall(r"--set (\w+)=(\S+?)\)", str(caught.value))
+    assert advice, str(caught.value)
+    name, value = advice[0]
+    train(resumed_config(out, max_steps=4, **{name: float(value)}), out, resume=True, progress=False)
+    assert load_checkpoint(out / "last.pt")["step"] == 4
+
+
+def test_a_checkpoint_write_that_fails_stops_the_run_within_a_step(tmp_path, tokenizer, monkeypatch):
+    """A run whose first last.pt cannot be written (a full disk) stops at once, not after the rest of its budget."""
+    import errno
+
+    import transformer_lib.trainer as trainer
+
+    def full_disk(obj, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    steps = []
+    original = Trainer.train_step
+
+    def counted(self, batches):
+        steps.append(self.step + 1)
+        return original(self, batches)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", full_disk)
+    monkeypatch.setattr(Trainer, "train_step", counted)
+    with pytest.raises(OSError, match="No space left on device"):
+        train(TrainConfig.from_preset("tiny", **SMALL, max_steps=30, checkpoint_every=2), tmp_path, progress=False,
+              tokenizer=tokenizer)
+    assert steps[-1] <= 4, steps  # the write queued after step 2 failed: the run stops by the step after it
+
+
+def test_a_write_that_fails_during_a_run_is_one_line_on_the_command_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import transformer_lib.trainer as trainer
+
+    def full_disk(obj, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(trainer, "save_checkpoint", full_disk)
+    code, last = _cli_train(tmp_path, capsys, "--set", "max_steps=6", "--set", "checkpoint_every=2")
+    assert code == 1 and last == f"error: cannot write {tmp_path / 'run' / 'last.pt'}: No space left on device"
+
+
+def test_an_unwritable_out_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    import transformer_lib.loop as loop
+
+    (tmp_path / "file").write_text("a file, where --out wants a folder")
+    monkeypatch.setattr(loop, "load_multi30k", lambda *a, **k: pytest.fail("the data was read"))
+    code = main(["train", "--preset", "tiny", "--out", str(tmp_path / "file" / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith(f"error: cannot write {tmp_path / 'file' / 'run'}: "), err
+
+
+def test_load_checkpoint_says_corrupt_only_for_a_file_that_does_not_unpickle(run_folder, tmp_path, monkeypatch):
+    cut = tmp_path / "cut.pt"
+    for size in (300, 3000, 5000):  # cut in different places, the unpickler fails in different ways
+        cut.write_bytes((run_folder / "last.pt").read_bytes()[:size])
+        with pytest.raises(CheckpointError) as caught:
+            load_checkpoint(cut)
+        assert "is truncated or corrupt" in str(caught.value) and "delete" not in str(caught.value)
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(torch, "load", denied)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(run_folder / "last.pt")  # a sound file this process may not read
+    assert "corrupt" not in str(caught.value) and "delete" not in str(caught.value)
+    assert "Permission denied" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "float64"])
+def test_non_finite_numbers_of_any_type_are_refused(kind):
+    import numpy as np
+
+    for value in (np.dtype(kind).type("nan"), np.dtype(kind).type("inf")):
+        with pytest.raises(ValueError, match="lr_factor=.* must be a finite number"):
+            TrainConfig(lr_factor=value)
+    with pytest.raises(ValueError, match="clip_grad_norm=.* must be a finite number"):
+        TrainConfig(clip_grad_norm=torch.tensor(float("nan")))
+
+
+def _float16_that_always_overflows(monkeypatch):
+    """The trainer as on a T4 (float16 autocast, so a loss scaler), with a loss that is never finite."""
+    import transformer_lib.training_step as training_step
+
+    monkeypatch.setattr(training_step, "resolve_amp", lambda amp, device: torch.float16)
+    original = training_step.LossComputation.forward
+    monkeypatch.setattr(training_step.LossComputation, "forward",
+                        lambda self, batch: tuple(x * math.inf for x in original(self, batch)))
+
+
+def test_a_float16_run_whose_loss_stays_non_finite_stops(tmp_path, tokenizer, monkeypatch):
+    _float16_that_always_overflows(monkeypatch)
+    with pytest.raises(TrainingError, match="float16 run diverged by step 3"):  # three windows of one step
+        train(TrainConfig.from_preset("tiny", **SMALL, max_steps=30), tmp_path, progress=False, tokenizer=tokenizer)
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_a_float16_run_whose_loss_scale_collapses_stops(tmp_path, tokenizer, monkeypatch):
+    _float16_that_always_overflows(monkeypatch)
+    # one window of 20 steps: the scale halved 20 times from 2**16 is below 1 at the first record
+    with pytest.raises(TrainingError, match=r"float16 run diverged by step 20 \(loss .*, loss scale 0.0625\)"):
+        train(TrainConfig.from_preset("tiny", **{**SMALL, "log_every": 20}, max_steps=60), tmp_path,
+              progress=False, tokenizer=tokenizer)
+
+
+def test_the_trainer_scales_the_loss_on_a_t4(tmp_path, tokenizer, monkeypatch):
+    """amp="auto" on a T4 (capability 7.5) is float16, and the trainer then turns its loss scaler on."""
+    import transformer_lib.training_step as training_step
+    from transformer_lib.runtime import amp_for_capability
+
+    monkeypatch.setattr(training_step, "resolve_amp", lambda amp, device: amp_for_capability((7, 5)))
+    pairs = [([5, 6, 7], [8, 9])] * 4
+    data = ([p[0] for p in pairs], [p[1] for p in pairs], [pairs[0][0]], [pairs[0][1]])
+    run = Trainer(TrainConfig.from_preset("tiny", **SMALL), tmp_path, tokenizer, start_processes("cpu"), data,
+                  progress=False)
+    assert run.amp == torch.float16 and run.scaler.is_enabled()
+
+
+# ---------------------------------------------------------------- nothing stale, a finished run left alone
+
+
+def test_a_resume_of_a_finished_run_says_so_and_changes_no_file(tmp_path, tokenizer, capsys):
+    out = tmp_path / "run"
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 2, "eval_every": 1}, max_steps=3)
+    train(config, out, progress=False, tokenizer=tokenizer)
+    for kept in out.glob("average*.pt"):
+        kept.unlink()  # a folder copied without the averaging snapshots
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    capsys.readouterr()
+    result = train(config, out, resume=True, progress=False)
+    assert "holds a finished run (3 steps, model.pt): nothing to train, and no file changed" in capsys.readouterr().out
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    final = load_checkpoint(out / "model.pt")
+    assert all(torch.equal(result.model.state_dict()[k], final["model"][k]) for k in final["model"])
+
+
+def test_a_resume_removes_the_learning_curve_snapshots_taken_after_its_checkpoint(tmp_path, tokenizer):
+    out = tmp_path / "run"
+    train(TrainConfig.from_preset("tiny", **SMALL, max_steps=2), out, progress=False, tokenizer=tokenizer)
+    weights = {"format": load_checkpoint(out / "last.pt")["format"], "kind": "weights", "model": {}}
+    save_checkpoint(weights, out / "snapshot005.pt")  # minute 5: after the seconds last.pt was written at
+    train(resumed_config(out, max_steps=3, snapshot_minutes=1.0), out, resume=True, progress=False)
+    assert not (out / "snapshot005.pt").exists()
+
+
+def test_metrics_are_rewritten_atomically(tmp_path, monkeypatch):
+    import json
+
+    from transformer_lib import trainer
+
+    path = tmp_path / "metrics.jsonl"
+    trainer.write_metrics(path, [{"step": 1}, {"step": 2}], mode="w")
+    calls = []
+
+    def failing(obj):
+        calls.append(obj)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return json.dumps(obj)
+
+    monkeypatch.setattr(trainer.json, "dumps", failing)
+    with pytest.raises(OSError):
+        trainer.write_metrics(path, [{"step": 1}, {"step": 2}, {"step": 3}], mode="w")
+    assert path.read_text().splitlines() == ['{"step": 1}', '{"step": 2}']  # the old log, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+
+
+def test_only_the_writing_process_copies_the_state_to_the_cpu(tmp_path, tokenizer, monkeypatch):
+    from transformer_lib import trainer
+    from transformer_lib.distributed import Processes
+
+    pairs = [([5, 6, 7], [8, 9])] * 4
+    data = ([p[0] for p in pairs], [p[1] for p in pairs], [pairs[0][0]], [pairs[0][1]])
+    copies = []
+    original = trainer._on_the_cpu
+    monkeypatch.setattr(trainer, "_on_the_cpu", lambda obj: copies.append(1) or original(obj))
+    rank1 = Trainer(TrainConfig.from_preset("tiny", **SMALL), tmp_path, tokenizer,
+                    Processes(torch.device("cpu"), rank=1), data, progress=False)
+    assert rank1.state() is None and copies == []
+    rank0 = Trainer(TrainConfig.from_preset("tiny", **SMALL), tmp_path, tokenizer, Processes(torch.device("cpu")),
+                    data, progress=False)
+    assert set(rank0.state()) >= {"model", "optimizer"} and copies

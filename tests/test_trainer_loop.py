@@ -132,17 +132,6 @@ def test_a_resumed_run_takes_the_kept_weights_back_from_disk(tmp_path, tokenizer
     assert all(torch.equal(run.kept[-1][1][name], state["model"][name]) for name in state["model"])
 
 
-def test_a_write_that_fails_stops_the_run_with_its_error(tmp_path, tokenizer, monkeypatch):
-    import transformer_lib.trainer as trainer
-
-    def failing(obj, path):
-        raise OSError(f"disk full writing {Path(path).name}")
-
-    monkeypatch.setattr(trainer, "save_checkpoint", failing)
-    with pytest.raises(OSError, match="disk full writing last.pt"):
-        train(TrainConfig.from_preset("tiny", **SMALL, max_steps=2), tmp_path, progress=False, tokenizer=tokenizer)
-
-
 # ---------------------------------------------------------------- batches of few shapes
 
 
@@ -223,3 +212,40 @@ def test_validation_loss_under_bfloat16_autocast_stays_near_float32(tokenizer, s
     assert full["tokens"] == bf16["tokens"] == sum(len(t) + 1 for t in tgt)
     assert 0 < abs(bf16["loss"] - full["loss"]) < 5e-4 * full["loss"]
     assert 0 < abs(bf16["nll"] - full["nll"]) < 5e-4 * full["nll"]
+
+
+def test_compiled_fixed_shapes_stay_compiled_past_dynamos_limit(tmp_path, tokenizer, monkeypatch):
+    """length_bucket gives a static graph per batch shape, and the late dropout's switch another each: with more
+    than Dynamo's 8, every step still runs a compiled graph (counted by a backend that compiles nothing, on a loss
+    that is cheap to trace), none falls back to eager."""
+    from torch import _dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    import transformer_lib.training_step as training_step
+
+    _dynamo.reset()
+    monkeypatch.setattr(_dynamo.config, "recompile_limit", 8)  # Dynamo's default, and back after the test
+    monkeypatch.setattr(_dynamo.config, "accumulated_recompile_limit", 256)
+    counter, compile_ = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda net, **kwargs: compile_(net, backend=counter, **kwargs))
+    sites = []  # the run's inner-dropout sites, read by the loss below as the model's dropout reads them
+
+    def cheap_loss(self, batch):
+        weight = next(self.model.parameters())
+        loss = weight.sum() * 0 + batch.tgt_in.float().sum() * sites[0][0].dropout + batch.src.size(1)
+        return loss, loss.detach()
+
+    monkeypatch.setattr(training_step.LossComputation, "forward", cheap_loss)
+    lengths = range(1, 33)  # one pair of each length; with <eos>, 2 to 33 tokens: nine groups, 4 to 36
+    data = ([[5] * n for n in lengths], [[6] * n for n in lengths], [[5]], [[6]])
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "dropout": 0.1, "max_tokens": 200, "length_bucket": 4,
+                                                "compile": True, "inner_dropout_from": 0.5})
+    run = Trainer(config, tmp_path, tokenizer, start_processes("cpu"), data, progress=False)
+    sites.extend(run.inner_sites)
+    one_of_each = list({run.shape(idx): idx for idx in run.batches()}.values())
+    assert len(one_of_each) == 9
+    for progress in (0.0, 1.0):  # inner dropout off, then on: the rates each graph holds change
+        run.set_inner_dropout(progress)
+        for run.position in range(len(one_of_each)):
+            run.train_step(one_of_each)
+    assert counter.frame_count == 2 * 9

@@ -157,12 +157,17 @@ def test_cooldown_brings_the_rate_linearly_to_zero():
     opt = torch.optim.Adam([param], lr=1.0)
     sched = NoamSchedule(opt, 256, 100, 0.5, cooldown=0.5)
     budget = 400
+    # worked out by hand: 0.5 / sqrt(256) = 1/32 times min(step**-0.5, step / 100**1.5), times the cooldown's
+    # factor once half the budget is spent before the step: (1 - spent) / 0.5
+    expected = {1: 1 / 32 * 1 / 1000, 100: 1 / 32 * 0.1, 201: 1 / 32 / 201 ** 0.5,  # warm-up, peak, no cooldown yet
+                301: 1 / 32 / 301 ** 0.5 * 0.5, 400: 1 / 32 / 20 * (1 / 400) / 0.5}  # 3/4 spent, then 399/400
+    seen = {}
     for step in range(1, budget + 1):
-        expected = noam_rate(step, 256, 100, 0.5) * min(1.0, (1 - (step - 1) / budget) / 0.5)
-        assert opt.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12)
+        seen[step] = opt.param_groups[0]["lr"]
         sched.progress = step / budget
         opt.step()
         sched.step()
+    assert {step: seen[step] for step in expected} == pytest.approx(expected, rel=1e-12)
     assert opt.param_groups[0]["lr"] == 0.0
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="cooldown"):
@@ -487,10 +492,9 @@ def test_late_inner_dropout_switches_on_at_its_fraction_of_the_budget(tmp_path, 
     off = [("MultiHeadAttention", 0.0), ("PositionwiseFeedForward", 0.0), ("SublayerConnection", 0.1)]
     on = [("MultiHeadAttention", 0.1), ("PositionwiseFeedForward", 0.1), ("SublayerConnection", 0.1)]
     assert seen == [off] * 3 + [on] * 3  # progress before step k is (k - 1) / 6
-    seen.clear()  # a resumed run sets the rates before its first step
-    train(replace(config, max_steps=8, inner_dropout_from=0.9), tmp_path / "run", resume=True, progress=False,
-          tokenizer=tokenizer)
-    assert seen == [off, off]
+    seen.clear()  # a resumed run sets the rates before its first step, from its budget: 6 of 14 steps is under half
+    train(replace(config, max_steps=14), tmp_path / "run", resume=True, progress=False, tokenizer=tokenizer)
+    assert seen == [off] + [on] * 7
     with pytest.raises(ValueError, match="inner_dropout_from"):
         TrainConfig(inner_dropout_from=1.0)
 

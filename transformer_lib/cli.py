@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the machine's (machine_preset)")
     p.add_argument("--out", metavar="DIR", default=None, help="folder for the run (default: runs/PRESET)")
     p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its last checkpoint (starts a new run if there is "
-                        "none)")
+                   help="continue the run in --out from its last checkpoint, with its own settings (--set "
+                        "changes the ones it names; starts a new run if there is none)")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                    help="change one setting of the preset, e.g. --set max_minutes=30 --set amp=off "
                         "(any TrainConfig field; repeat for several)")
@@ -191,17 +191,32 @@ def load_translator(args: argparse.Namespace) -> Translator:
 # %% ../book/appendix_b_command_line.ipynb #cb23a0f6
 def run_train(args: argparse.Namespace) -> int:
     """`transformer-lib train`: train (or resume) a run and report where the model went."""
-    preset = args.preset or machine_preset()
-    try:
-        config = TrainConfig.from_preset(preset, **parse_overrides(args.overrides))
-    except ValueError as err:
-        raise CommandError(f"--set: {err}", EXIT_USAGE) from None
     if (args.train_files is None) != (args.val_files is None):
         raise CommandError("--train and --val go together: a corpus needs training and validation files",
                            EXIT_USAGE)
-    if args.train_files is not None:
-        config = TrainConfig.from_dict({**config.to_dict(), **dict(zip(CORPUS_FIELDS, args.train_files
-                                                                        + args.val_files))})
+    preset = args.preset or machine_preset()
+    out = Path(args.out or Path("runs") / preset)
+    resume = args.resume and (out / "last.pt").exists()
+    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 reports
+    if args.resume and not resume and main_process:
+        print(f"--resume: {out} holds no last.pt to resume, so this starts a new run there", file=sys.stderr)
+    if not resume and (out / "last.pt").exists():
+        raise CommandError(f"{out} already holds a run: add --resume to continue it, or choose another --out",
+                           EXIT_USAGE)
+    # imported here: translating and evaluating never load the trainer
+    from transformer_lib.distributed import ProcessFailure
+    from transformer_lib.loop import resumed_config, train
+    from transformer_lib.trainer import TrainingError
+
+    changes = dict(zip(CORPUS_FIELDS, args.train_files + args.val_files)) if args.train_files else {}
+    try:  # a resume continues the run it finds: its saved settings, with only what --set states again changed
+        changes = {**parse_overrides(args.overrides), **changes}
+        config = resumed_config(out, **changes) if resume else TrainConfig.from_preset(preset, **changes)
+    except ValueError as err:
+        raise CommandError(f"--set: {err}", EXIT_USAGE) from None
+    if resume and args.preset is not None and args.preset != config.preset:
+        raise CommandError(f"--preset {args.preset}: the run in {out} was started from preset {config.preset!r}; "
+                           "leave --preset out to resume it, or start a new run in another folder", EXIT_USAGE)
     if args.device is not None:
         if os.environ.get("WORLD_SIZE", "1") == "1":  # under torchrun each process takes cuda:LOCAL_RANK
             device_option(args.device)
@@ -212,21 +227,9 @@ def run_train(args: argparse.Namespace) -> int:
                 raise CommandError(f"--device {args.device}: not a device; use auto, cpu, cuda, cuda:N or mps",
                                    EXIT_USAGE) from None
         config.device = args.device
-    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 reports
-    out = Path(args.out or Path("runs") / preset)
-    resume = args.resume and (out / "last.pt").exists()
-    if args.resume and not resume and main_process:
-        print(f"--resume: {out} holds no last.pt to resume, so this starts a new run there", file=sys.stderr)
-    if not resume and (out / "last.pt").exists():
-        raise CommandError(f"{out} already holds a run: add --resume to continue it, or choose another --out",
-                           EXIT_USAGE)
     if main_process:
-        print(f"training preset {preset!r} into {out}", file=sys.stderr)
-    # imported here: translating and evaluating never load the trainer
-    from transformer_lib.distributed import ProcessFailure
-    from transformer_lib.trainer import TrainingError
-    from transformer_lib.loop import train
-
+        print(f"resuming the run in {out}" if resume else f"training preset {preset!r} into {out}",
+              file=sys.stderr)
     try:
         result = train(config, out, resume=resume, data_dir=args.data_dir, progress=not args.quiet)
     except UnsupportedSetting as err:
@@ -236,6 +239,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise CommandError(str(err), EXIT_USAGE) from None
     except ProcessFailure as err:
         raise CommandError(str(err), EXIT_INPUT) from None
+    except OSError as err:  # an unwritable --out, a full disk, a drive gone: one line, whenever it happens
+        raise CommandError(f"cannot write {err.filename or out}: {err.strerror or err}", EXIT_INPUT) from None
     except KeyboardInterrupt:
         if main_process and (out / "last.pt").exists():
             print(f"interrupted: {out / 'last.pt'} holds the run; continue it with --resume", file=sys.stderr)

@@ -87,6 +87,40 @@ class TrainConfig(ModelSettings):
     def __post_init__(self) -> None:
         _check_train_config(self)  # the next cell: each field in its range, or a ValueError that names it
 
+    @property
+    def points_by_epoch(self) -> bool:
+        """Whether validation points (and a last.pt) come at each epoch's end, not by data, minutes or steps."""
+        return self.eval_epochs is None and self.eval_minutes is None and self.eval_every is None
+
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        """The TransformerConfig of this run's model, for a tokenizer of vocab_size tokens."""
+        return TransformerConfig(vocab_size=vocab_size,
+                                 **{f.name: getattr(self, f.name) for f in fields(ModelSettings)})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain values (for checkpoints and JSON)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        """A configuration from to_dict()'s output (of this version or an older one, whose renamed fields it
+        takes quietly); unknown fields raise ValueError."""
+        values = renamed_fields(values, warn=False)
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s): {', '.join(unknown)}"
+                             f"{_did_you_mean(unknown[0], names)}")
+        return cls(**values)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "TrainConfig":
+        """A preset ("tiny", "cpu", "colab" or "gpu") with some fields replaced, e.g. from_preset("cpu",
+        max_minutes=30); the configuration records the preset's name in `preset`."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], "preset": name, **renamed_fields(overrides)})
+
 # %% ../book/eng_configuration.ipynb #e0491563
 def _check_train_config(config: TrainConfig) -> None:
     """ValueError, naming the field, for a value out of its range; the corpus fields as plain strings."""
@@ -94,8 +128,9 @@ def _check_train_config(config: TrainConfig) -> None:
     _check_corpus_fields(config)
     numbers = [(f.name, getattr(config, f.name)) for f in fields(config)] + [("betas", b) for b in config.betas]
     for name, value in numbers:
-        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check below
-        if isinstance(value, float) and not math.isfinite(value):
+        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check below. Any
+        # number type (numpy's float32 is no float), so whatever converts to a float is checked.
+        if not isinstance(value, (str, bool)) and hasattr(value, "__float__") and not math.isfinite(float(value)):
             raise ValueError(f"{name}={value} must be a finite number")
     config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields, naming the one wrong
     for name in ["vocab_size", "max_sentence_len", "max_tokens", "accum_steps", "warmup", "epochs", "average_last",
@@ -130,21 +165,6 @@ def _check_train_config(config: TrainConfig) -> None:
             raise ValueError(f"{name}={getattr(config, name)!r} must be one of {', '.join(allowed)}")
 
 # %% ../book/eng_configuration.ipynb #00c2ad46
-def _points_by_epoch(self: TrainConfig) -> bool:
-    """Whether validation points (and a last.pt) come at each epoch's end, rather than by data, minutes or steps."""
-    return self.eval_epochs is None and self.eval_minutes is None and self.eval_every is None
-
-
-def _model_config(self: TrainConfig, vocab_size: int) -> TransformerConfig:
-    """The TransformerConfig of this run's model, for a tokenizer of vocab_size tokens."""
-    return TransformerConfig(vocab_size=vocab_size, **{f.name: getattr(self, f.name) for f in fields(ModelSettings)})
-
-
-def _to_dict(self: TrainConfig) -> dict[str, Any]:
-    """The configuration as plain values (for checkpoints and JSON)."""
-    return asdict(self)
-
-
 # fields renamed since an earlier version: old name -> new name
 RENAMED = {"max_len": "max_sentence_len"}  # max_len read like TransformerConfig's positions, which it is not
 
@@ -161,25 +181,6 @@ def renamed_fields(values: dict[str, Any], warn: bool = True) -> dict[str, Any]:
                               FutureWarning, stacklevel=3)
             out[new] = out.pop(old)
     return out
-
-
-def _from_dict(cls: type[TrainConfig], values: dict[str, Any]) -> TrainConfig:
-    """A configuration from to_dict()'s output (of this version or an older one, whose renamed fields it takes
-    quietly); unknown fields raise ValueError."""
-    values = renamed_fields(values, warn=False)
-    names = [f.name for f in fields(cls)]
-    unknown = sorted(set(values) - set(names))
-    if unknown:
-        raise ValueError(f"unknown TrainConfig field(s): {', '.join(unknown)}{_did_you_mean(unknown[0], names)}")
-    return cls(**values)
-
-
-def _from_preset(cls: type[TrainConfig], name: str, **overrides: Any) -> TrainConfig:
-    """A preset ("tiny", "cpu", "colab" or "gpu") with some fields replaced, e.g. from_preset("cpu", max_minutes=30);
-    the configuration records the preset's name in `preset`."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return cls.from_dict({**PRESETS[name], "preset": name, **renamed_fields(overrides)})
 
 
 def _old_name(old: str) -> property:
@@ -208,12 +209,6 @@ def _init(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
 TrainConfig.__init__ = _init
 for _old in RENAMED:
     setattr(TrainConfig, _old, _old_name(_old))
-TrainConfig.points_by_epoch = property(_points_by_epoch)
-TrainConfig.model_config = _model_config
-TrainConfig.to_dict = _to_dict
-TrainConfig.from_dict = classmethod(_from_dict)
-TrainConfig.from_preset = classmethod(_from_preset)
-
 
 # %% ../book/eng_configuration.ipynb #9e423251
 CORPUS_FIELDS = ("train_src", "train_tgt", "val_src", "val_tgt")

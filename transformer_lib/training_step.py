@@ -146,14 +146,15 @@ class _RunState:
         if procs.world_size > 1:  # averages the gradients over the processes during backward
             self.ddp = net = DistributedDataParallel(
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None, broadcast_buffers=False)
-        # compiled: for batches of fixed shapes a static graph each, else one dynamic graph
-        self.net = torch.compile(net, dynamic=config.length_bucket is None) if config.compile else net
-        self.inner_sites = inner_dropout_sites(self.model, self.model_config)  # found once, switched when due
-        self.inner_on: bool | None = None  # whether the inner dropout is on (None: not set yet)
-        self.per_step = procs.world_size * config.accum_steps  # micro-batches per optimiser step
         # with length_bucket: the (source, target) length of each group of fixed_shape_batches
         self.shapes = {} if config.length_bucket is None else batch_shapes(self.src_lens, self.tgt_lens,
                                                                             config.length_bucket)
+        # compiled: for batches of fixed shapes a static graph each, else one dynamic graph
+        self.net = self.compiled(net) if config.compile else net
+        self.inner_sites = inner_dropout_sites(self.model, self.model_config)  # found once, switched when due
+        self.bad_windows = 0  # log windows in a row whose loss was not finite (float16's scaler skipped them)
+        self.inner_on: bool | None = None  # whether the inner dropout is on (None: not set yet)
+        self.per_step = procs.world_size * config.accum_steps  # micro-batches per optimiser step
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
         self.tokens = 0  # real source and target tokens trained on, over all processes (None: not counted)
         self.epoch_batches = 0  # micro-batches in the current epoch, set by batches()
@@ -169,6 +170,18 @@ class _RunState:
         # seconds this process spent outside training steps, measured from t0 (train()'s start)
         self.t0 = time.perf_counter() if t0 is None else t0
         self.overhead = dict.fromkeys(OVERHEAD_PARTS, 0.0)
+
+    def compiled(self, net: nn.Module) -> nn.Module:
+        """torch.compile'd net: one dynamic graph, or with length_bucket a static graph per batch shape. Dynamo
+        compiles at most recompile_limit graphs of a function (8) and runs the rest eagerly: the limit is raised
+        to cover every shape twice: the late inner-dropout switch changes the rates each graph holds."""
+        if self.config.length_bucket is not None:
+            from torch import _dynamo  # imported only when compiling: it takes a few seconds
+
+            graphs = 2 * len(self.shapes) + 2
+            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, graphs)
+            _dynamo.config.accumulated_recompile_limit = max(_dynamo.config.accumulated_recompile_limit, graphs)
+        return torch.compile(net, dynamic=self.config.length_bucket is None)
 
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:
