@@ -153,8 +153,8 @@ def check_optimisation(saved: dict[str, Any], wanted: dict[str, Any], path: str 
 
 
 # what a resume may change: how long the run goes on, where and how it computes, how often it
-# records; the model,
-# the data, the loss and the schedule are the experiment's (a change of any other field is refused)
+# records; the model, the data, the loss and the schedule are the experiment's (a change of any
+# other field is refused)
 RESUMABLE_FIELDS = (
     "clip_grad_norm", "accum_steps", "epochs", "max_steps", "max_minutes", "average_last", "device",
     "amp", "compile", "threads", "log_every", "checkpoint_every", "checkpoint_minutes",

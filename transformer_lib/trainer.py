@@ -117,8 +117,7 @@ class _Clock(TrainingStep):
 
 # %% ../book/eng_trainer.ipynb #5aa780d4
 # A float16 run stops when its loss scale falls below this (every step since 2**16 overflowed), or
-# its loss is not
-# finite for this many log windows in a row.
+# its loss is not finite for this many log windows in a row.
 SCALE_FLOOR, NONFINITE_WINDOWS = 1.0, 3
 # advice a resume accepts (a smaller clip), or a new run for what a resume refuses (the schedule)
 _DIVERGED_ADVICE = (
@@ -203,8 +202,8 @@ class _Records(_Clock):
             "epochs": self.epochs_seen(self.epoch_batches)
             if self.epoch_batches
             else float(self.epoch),
-            "tokens": self.tokens,
-        }  # the data seen by the end of this start of the run
+            "tokens": self.tokens,  # the data seen by the end of this start of the run
+        }
         self.log(record)
         if self.progress:
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in self.overhead.items())

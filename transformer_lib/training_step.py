@@ -199,8 +199,8 @@ class _RunState:
         # real source and target tokens trained on, over all processes (None: not counted)
         self.tokens = 0
         self.epoch_batches = 0  # micro-batches in the current epoch, set by batches()
-        # [window, epoch] x [loss, nll, tokens] of this process; summed over the processes only when
-        # read
+        # [window, epoch] x [loss, nll, tokens] of this process; summed over the processes only
+        # when read
         self.sums = torch.zeros(2, 3, dtype=torch.float64, device=self.device)
         # ((epoch, position), batches)
         self.prefetched: tuple[tuple[int, int], list[Batch]] | None = None
@@ -257,9 +257,8 @@ class _Batches(_RunState):
             )
         if len(batches) < self.per_step:
             raise TrainingError(
-                f"an epoch has {len(batches)} batches, fewer than the {self.per_step} "
-                "micro-batches "
-                "of one step (processes x accum_steps): use more data or a smaller max_tokens"
+                f"an epoch has {len(batches)} batches, fewer than the {self.per_step} micro-batches"
+                " of one step (processes x accum_steps): use more data or a smaller max_tokens"
             )
         self.epoch_batches = len(batches) - len(batches) % self.per_step
         return batches[: self.epoch_batches]
@@ -284,8 +283,8 @@ class _Batches(_RunState):
         """This process's micro-batches of the step at `position`, on their way to the device.
 
         On a GPU they go through page-locked (pinned) memory, so the copies need not wait for the
-        GPU to finish what it is computing: the host prepares step k + 1 while the GPU computes step
-        k.
+        GPU to finish what it is computing: the host prepares step k + 1 while the GPU computes
+        step k.
         """
         mine = step_shard(
             batches, position, self.procs.world_size, self.config.accum_steps, self.procs.rank
@@ -325,16 +324,15 @@ class TrainingStep(_Batches):
         for k, batch in enumerate(mine):
             last = k == len(mine) - 1  # DDP averages the gradients only after the last micro-batch
             with nullcontext() if last or self.ddp is None else self.ddp.no_sync():
-                # every sentence keeps its <eos>, so every query has a key: attention skips that
-                # check
+                # every sentence keeps its <eos>, so every query has a key: attention skips
+                # that check
                 with (
                     autocast(self.device, self.amp), training_attention(self.device),
                     rows_have_keys(),
                 ):
                     loss_sum, nll_sum = self.net(batch)
                 # DDP divides the summed gradients by world_size; dividing by n_tgt / world_size
-                # here leaves
-                # the gradient of (the loss summed over every process's tokens) / n_tgt
+                # here leaves the gradient of (the loss summed over every process's tokens) / n_tgt
                 self.scaler.scale(loss_sum / (n_tgt / self.procs.world_size)).backward()
             sums[:2] += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
         # a number passed to a kernel: no copy from the host
