@@ -24,23 +24,25 @@ CHECKPOINT_FORMAT = "transformer_lib.training/1"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, truncated or corrupt, or does not fit the requested configuration."""
+    """A checkpoint is missing, truncated or corrupt, or does not fit the requested config."""
 
 
 def save_checkpoint(obj: dict[str, Any], path: str | Path) -> Path:
-    """torch.save obj atomically (atomic_write): into a temporary file in the same folder, fsync, os.replace over
-    path, then fsync the folder, so that the new name survives a power cut too."""
+    """torch.save obj atomically (atomic_write): into a temporary file in the same folder, fsync,
+    os.replace over path, then fsync the folder, so that the new name survives a power cut too."""
     with atomic_write(path) as f:
         torch.save(obj, f)
     return Path(path)
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """A checkpoint written by save_checkpoint, loaded onto the CPU with weights_only=True; CheckpointError if unusable.
-    mmap: the tensors are read from the file only when used (to read a checkpoint's settings).
+    """A checkpoint written by save_checkpoint, loaded onto the CPU with weights_only=True;
+    CheckpointError if unusable. mmap: the tensors are read from the file only when used (to read a
+    checkpoint's settings).
 
-    "Corrupt" only for a file that does not unpickle; a file that cannot be read (permissions, a drive gone) says so,
-    and no message advises deleting a file that may be the run's only checkpoint."""
+    "Corrupt" only for a file that does not unpickle; a file that cannot be read (permissions, a
+    drive gone) says so, and no message advises deleting a file that may be the run's only
+    checkpoint."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: train a model first, or check the path")
@@ -48,120 +50,173 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         with open(path, "rb") as f:
             f.read(1)
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except (OSError, MemoryError) as err:  # this process cannot read the file, which may well be sound
-        if not isinstance(err, OSError) or err.errno != errno.EINVAL:  # EINVAL: a seek past the end of a cut file
-            reason = "not enough memory" if isinstance(err, MemoryError) else err.strerror or str(err)
-            raise CheckpointError(f"cannot read {path}: {reason}; the file is left as it is") from None
-        raise CheckpointError(f"{path} is truncated or corrupt and does not unpickle ({err.strerror}); keep it, "
-                              "resume from an earlier copy if you have one, or start a new run in another "
-                              "folder") from None
-    except Exception as err:  # truncation and corruption: RuntimeError, EOFError, UnpicklingError, ...
-        reason = str(err).strip().split(". ")[0].splitlines()[0] if str(err).strip() else type(err).__name__
+    # this process cannot read the file, which may well be sound
+    except (OSError, MemoryError) as err:
+        # EINVAL: a seek past the end of a cut file
+        if not isinstance(err, OSError) or err.errno != errno.EINVAL:
+            reason = (
+                "not enough memory" if isinstance(err, MemoryError) else err.strerror or str(err)
+            )
+            raise CheckpointError(
+                f"cannot read {path}: {reason}; the file is left as it is"
+            ) from None
         raise CheckpointError(
-            f"{path} is truncated or corrupt and does not unpickle ({reason}); keep it, resume from an earlier "
-            "copy if you have one, or start a new run in another folder"
+            f"{path} is truncated or corrupt and does not unpickle ({err.strerror}); keep it, "
+            "resume from an earlier copy if you have one, or start a new run in another folder"
+        ) from None
+    # truncation and corruption: RuntimeError, EOFError, UnpicklingError, ...
+    except Exception as err:
+        reason = (
+            str(err).strip().split(". ")[0].splitlines()[0]
+            if str(err).strip()
+            else type(err).__name__
+        )
+        raise CheckpointError(
+            f"{path} is truncated or corrupt and does not unpickle ({reason}); keep it, resume "
+            "from an earlier copy if you have one, or start a new run in another folder"
         ) from None
     if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a checkpoint of transformer_lib ({CHECKPOINT_FORMAT})")
+        raise CheckpointError(
+            f"{path} is not a checkpoint of transformer_lib ({CHECKPOINT_FORMAT})"
+        )
     return obj
 
 
 def check_model_config(saved: dict[str, Any], wanted: dict[str, Any], path: str | Path) -> None:
-    """Raise CheckpointError naming every field in which a checkpoint's model config differs from the wanted one."""
+    """Raise CheckpointError naming every field in which a checkpoint's model config differs from
+    the wanted one."""
     differ = [k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k)]
     if differ:
-        details = "; ".join(f"{k}: checkpoint has {saved.get(k)!r}, requested {wanted.get(k)!r}" for k in differ)
+        details = "; ".join(
+            f"{k}: checkpoint has {saved.get(k)!r}, requested {wanted.get(k)!r}" for k in differ
+        )
         raise CheckpointError(
-            f"{path} holds a different model ({details}); resume without changing it, or start a new run in another "
-            "folder"
+            f"{path} holds a different model ({details}); resume without changing it, or start a "
+            "new run in another folder"
         )
 
 # %% ../book/eng_checkpoints.ipynb #c2a75e1d
-DATA_ORDER_FIELDS = ("seed", "max_tokens", "length_bucket", "train_subset", "max_sentence_len", "direction",
-                     "vocab_size")
+DATA_ORDER_FIELDS = (
+    "seed", "max_tokens", "length_bucket", "train_subset", "max_sentence_len", "direction",
+    "vocab_size",
+)
 
 
-def _differences(saved: dict[str, Any], wanted: dict[str, Any], names: tuple[str, ...]) -> list[str]:
-    """"name: checkpoint has X, requested Y" for each of names whose value differs (a list and a tuple compare equal)."""
-    plain = lambda v: tuple(v) if isinstance(v, list) else v  # a checkpoint may hold betas as a list
+def _differences(
+    saved: dict[str, Any], wanted: dict[str, Any], names: tuple[str, ...]
+) -> list[str]:
+    """"name: checkpoint has X, requested Y" for each of names whose value differs (a list and a
+    tuple compare equal)."""
+    # a checkpoint may hold betas as a list
+    plain = lambda v: tuple(v) if isinstance(v, list) else v
     return [f"{k}: checkpoint has {saved.get(k)!r}, requested {wanted.get(k)!r}"
             for k in names if plain(saved.get(k)) != plain(wanted.get(k))]
 
 
 def check_data_order(saved: dict[str, Any], wanted: dict[str, Any], path: str | Path) -> None:
-    """Raise CheckpointError when a resume would change which batches the run sees, or in which order.
+    """Raise CheckpointError when a resume would change which batches the run sees, or in which
+    order.
 
-    saved and wanted are TrainConfig dicts plus "world_size"; what must match is DATA_ORDER_FIELDS and the
-    micro-batches per optimiser step (processes x accum_steps), not how they are split among processes.
+    saved and wanted are TrainConfig dicts plus "world_size"; what must match is DATA_ORDER_FIELDS
+    and the micro-batches per optimiser step (processes x accum_steps), not how they are split among
+    processes.
     """
     differ = _differences(saved, wanted, DATA_ORDER_FIELDS)
     per_step = [c.get("world_size", 1) * c.get("accum_steps", 1) for c in (saved, wanted)]
     if per_step[0] != per_step[1]:
-        differ.append(f"micro-batches per step (processes x accum_steps): checkpoint has {per_step[0]}, "
-                      f"requested {per_step[1]}")
+        differ.append(
+            f"micro-batches per step (processes x accum_steps): checkpoint has {per_step[0]}, "
+            f"requested {per_step[1]}"
+        )
     if differ:
-        raise CheckpointError(f"{path} cannot continue with these settings, which change the data the run sees "
-                              f"({'; '.join(differ)}); resume without changing them, or start a new run in another "
-                              "folder")
+        raise CheckpointError(
+            f"{path} cannot continue with these settings, which change the data the run sees "
+            f"({'; '.join(differ)}); resume without changing them, or start a new run in another "
+            "folder"
+        )
 
 # %% ../book/eng_checkpoints.ipynb #0b7c1d2b
 OPTIMISATION_FIELDS = ("lr_factor", "warmup", "cooldown", "betas", "eps", "weight_decay")
 
 
 def check_optimisation(saved: dict[str, Any], wanted: dict[str, Any], path: str | Path) -> None:
-    """Raise CheckpointError when a resume asks for optimisation settings (OPTIMISATION_FIELDS) other than those the
-    saved optimiser and schedule states hold, which would otherwise override them without a word."""
+    """Raise CheckpointError when a resume asks for optimisation settings (OPTIMISATION_FIELDS)
+    other than those the saved optimiser and schedule states hold, which would otherwise override
+    them without a word."""
     differ = _differences(saved, wanted, OPTIMISATION_FIELDS)
     if differ:
-        raise CheckpointError(f"{path} cannot continue with these settings, which its saved optimiser and schedule "
-                              f"would override ({'; '.join(differ)}); resume without changing them, or start a new "
-                              "run in another folder")
+        raise CheckpointError(
+            f"{path} cannot continue with these settings, which its saved optimiser and schedule "
+            f"would override ({'; '.join(differ)}); resume without changing them, or start a new "
+            "run in another folder"
+        )
 
 
-# what a resume may change: how long the run goes on, where and how it computes, how often it records; the model,
-# the data, the loss and the schedule are the experiment's (a change of any other field is refused)
-RESUMABLE_FIELDS = ("clip_grad_norm", "accum_steps", "epochs", "max_steps", "max_minutes", "average_last",
-                    "device", "amp", "compile", "threads", "log_every", "checkpoint_every", "checkpoint_minutes",
-                    "eval_epochs", "eval_minutes", "eval_every", "snapshot_minutes", *CORPUS_FIELDS)
+# what a resume may change: how long the run goes on, where and how it computes, how often it
+# records; the model, the data, the loss and the schedule are the experiment's (a change of any
+# other field is refused)
+RESUMABLE_FIELDS = (
+    "clip_grad_norm", "accum_steps", "epochs", "max_steps", "max_minutes", "average_last", "device",
+    "amp", "compile", "threads", "log_every", "checkpoint_every", "checkpoint_minutes",
+    "eval_epochs", "eval_minutes", "eval_every", "snapshot_minutes", *CORPUS_FIELDS,
+)
 _BUDGET_FIELDS = ("epochs", "max_steps", "max_minutes")
 
 
 def check_resume(saved: dict[str, Any], wanted: dict[str, Any], path: str | Path) -> list[str]:
-    """The changes a resume makes, as "field: old -> new", each a RESUMABLE_FIELDS one; CheckpointError naming
-    every other field that differs (label smoothing, late dropout, ...): those would make it another experiment."""
+    """The changes a resume makes, as "field: old -> new", each a RESUMABLE_FIELDS one;
+    CheckpointError naming every other field that differs (label smoothing, late dropout, ...):
+    those would make it another experiment."""
     plain = lambda v: tuple(v) if isinstance(v, list) else v
     differ = [k for k in wanted if plain(saved.get(k)) != plain(wanted[k])]
     refused = [f"{k}: checkpoint has {saved.get(k)!r}, requested {wanted[k]!r}" for k in differ
                if k not in RESUMABLE_FIELDS]
     if refused:
-        raise CheckpointError(f"{path} cannot continue with these settings, which would make it another experiment "
-                              f"({'; '.join(refused)}); resume without changing them, or start a new run in "
-                              "another folder")
+        raise CheckpointError(
+            f"{path} cannot continue with these settings, which would make it another experiment "
+            f"({'; '.join(refused)}); resume without changing them, or start a new run in "
+            "another folder"
+        )
     return [f"{k}: {saved.get(k)!r} -> {wanted[k]!r}" for k in differ]
 
 # %% ../book/eng_checkpoints.ipynb #db890345
-def check_corpus(saved: dict[str, str] | None, wanted: dict[str, str] | None, path: str | Path) -> None:
-    """Raise CheckpointError when a resume would train on other corpus files (other checksums) than the run did."""
+def check_corpus(
+    saved: dict[str, str] | None, wanted: dict[str, str] | None, path: str | Path
+) -> None:
+    """Raise CheckpointError when a resume would train on other corpus files (other checksums) than
+    the run did."""
     if saved == wanted:
         return
     if saved is None or wanted is None:
         name = lambda sums: "Multi30k" if sums is None else "corpus files"
-        raise CheckpointError(f"{path} was trained on {name(saved)}, and this resume asks for {name(wanted)}; "
-                              "resume with the run's own data, or start a new run in another folder")
-    differ = [f"{k}: checkpoint has sha256 {saved.get(k, '?')[:12]}..., the file has {wanted[k][:12]}..."
-              for k in CORPUS_FIELDS if saved.get(k) != wanted[k]]
-    raise CheckpointError(f"{path} cannot continue on other corpus files ({'; '.join(differ)}); resume with the "
-                          "run's own files, or start a new run in another folder")
+        raise CheckpointError(
+            f"{path} was trained on {name(saved)}, and this resume asks for {name(wanted)}; "
+            "resume with the run's own data, or start a new run in another folder"
+        )
+    differ = [
+        f"{k}: checkpoint has sha256 {saved.get(k, '?')[:12]}..., the file has {wanted[k][:12]}..."
+        for k in CORPUS_FIELDS
+        if saved.get(k) != wanted[k]
+    ]
+    raise CheckpointError(
+        f"{path} cannot continue on other corpus files ({'; '.join(differ)}); resume with the "
+        "run's own files, or start a new run in another folder"
+    )
 
 # %% ../book/eng_checkpoints.ipynb #a41c7726
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, BPETokenizer, dict[str, Any]]:
-    """(model in eval mode, tokenizer, info) from model.pt, last.pt or a run folder (which prefers model.pt)."""
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[Transformer, BPETokenizer, dict[str, Any]]:
+    """(model in eval mode, tokenizer, info) from model.pt, last.pt or a run folder (which prefers
+    model.pt)."""
     path = Path(path)
     if path.is_dir():
         path = path / "model.pt" if (path / "model.pt").exists() else path / "last.pt"
     ckpt = load_checkpoint(path)
     if "model_config" not in ckpt:
-        raise CheckpointError(f"{path} holds only weights; load model.pt or last.pt of the same run instead")
+        raise CheckpointError(
+            f"{path} holds only weights; load model.pt or last.pt of the same run instead"
+        )
     model = Transformer(TransformerConfig.from_dict(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     model.to(device).eval()

@@ -25,8 +25,8 @@ from .training_step import TrainingError, TrainingStep, validation_loss
 
 # %% ../book/eng_trainer.ipynb #16a490a2
 def write_metrics(path: Path, records: Sequence[dict[str, Any]], mode: str = "a") -> None:
-    """Append (mode "a") or write (mode "w": atomically, so a crash leaves the old log or the new one) metrics
-    records as JSON lines."""
+    """Append (mode "a") or write (mode "w": atomically, so a crash leaves the old log or the new
+    one) metrics records as JSON lines."""
     with open(path, mode, encoding="utf-8") if mode == "a" else atomic_write(path, "w") as f:
         for record in records:
             f.write(json.dumps(record) + "\n")
@@ -39,7 +39,8 @@ def snapshot_paths(out: Path) -> list[tuple[int, Path]]:
 
 
 def _learning_curve_paths(out: Path, every: float | None) -> list[tuple[float, Path]]:
-    """(training minutes, path) of the learning-curve snapshots (snapshotNNN.pt, one every `every` minutes)."""
+    """(training minutes, path) of the learning-curve snapshots (snapshotNNN.pt, one every `every`
+    minutes)."""
     if every is None:
         return []
     numbers = ((p.stem[len("snapshot"):], p) for p in out.glob("snapshot*.pt"))
@@ -58,11 +59,13 @@ class _Clock(TrainingStep):
             c.max_minutes is not None and self.minutes() >= c.max_minutes)
 
     def epochs_seen(self, n_batches: int) -> float:
-        """The data trained on so far, in epochs: whole epochs plus the share of this one's n_batches done."""
+        """The data trained on so far, in epochs: whole epochs plus the share of this one's
+        n_batches done."""
         return self.epoch + self.position / n_batches
 
     def budget_spent(self, n_batches: int) -> float:
-        """The fraction of the budget spent: of the epochs, steps or minutes, whichever limit is nearest."""
+        """The fraction of the budget spent: of the epochs, steps or minutes, whichever limit is
+        nearest."""
         c = self.config
         spent = [self.epochs_seen(n_batches) / c.epochs]
         if c.max_steps is not None:
@@ -72,56 +75,74 @@ class _Clock(TrainingStep):
         return max(spent)
 
     def follows_budget(self) -> bool:
-        """Whether something changes with the fraction of the budget spent: the cooldown or late inner dropout."""
+        """Whether something changes with the fraction of the budget spent: the cooldown or late
+        inner dropout."""
         return self.config.cooldown > 0 or self.config.inner_dropout_from > 0
 
     def save_due(self) -> bool:
-        """Whether checkpoint_every steps or checkpoint_minutes have passed since the last checkpoint."""
+        """Whether checkpoint_every steps or checkpoint_minutes have passed since the last
+        checkpoint."""
         c = self.config
         return (c.checkpoint_every is not None and self.step % c.checkpoint_every == 0) or (
-            c.checkpoint_minutes is not None and time.perf_counter() - self.last_save >= 60 * c.checkpoint_minutes)
+            c.checkpoint_minutes is not None
+            and time.perf_counter() - self.last_save >= 60 * c.checkpoint_minutes
+        )
 
     def point_due(self, n_batches: int) -> bool:
-        """Whether the step just taken crossed a multiple of eval_epochs of data, or eval_every steps or
-        eval_minutes have passed since the last validation point."""
-        c, done = self.config, self.epoch * n_batches + self.position  # micro-batches: the same step on any machine
+        """Whether the step just taken crossed a multiple of eval_epochs of data, or eval_every
+        steps or eval_minutes have passed since the last validation point."""
+        # micro-batches: the same step on any machine
+        c, done = self.config, self.epoch * n_batches + self.position
         every = c.eval_epochs * n_batches if c.eval_epochs is not None else math.inf
-        crossed = math.floor(done / every + 1e-9) > math.floor((done - self.per_step) / every + 1e-9)
+        crossed = math.floor(done / every + 1e-9) > math.floor(
+            (done - self.per_step) / every + 1e-9
+        )
         return crossed or (c.eval_every is not None and self.step % c.eval_every == 0) or (
             c.eval_minutes is not None and self.minutes() - self.last_point >= c.eval_minutes)
 
     def agree(self, signalled: int, n_batches: int) -> dict[str, Any]:
-        """One decision for all processes: rank 0's clock, any process's signal; exchanged between the hosts."""
+        """One decision for all processes: rank 0's clock, any process's signal; exchanged between
+        the hosts."""
         main = self.procs.main
-        decisions = self.procs.agree_on([
-            float(signalled > 0), float(main and self.out_of_budget()), float(main and self.save_due()),
-            self.budget_spent(n_batches) if main and self.follows_budget() else 0.0,
-            float(main and self.point_due(n_batches)), float(main and self.check_writes())])
+        decisions = self.procs.agree_on(
+            [
+                float(signalled > 0), float(main and self.out_of_budget()),
+                float(main and self.save_due()),
+                self.budget_spent(n_batches) if main and self.follows_budget() else 0.0,
+                float(main and self.point_due(n_batches)), float(main and self.check_writes()),
+            ]
+        )
         return {"signal": decisions[0] > 0, "stop": decisions[1] > 0, "save": decisions[2] > 0,
                 "progress": decisions[3], "point": decisions[4] > 0, "failed": decisions[5] > 0}
 
 # %% ../book/eng_trainer.ipynb #5aa780d4
-# A float16 run stops when its loss scale falls below this (every step since 2**16 overflowed), or its loss is not
-# finite for this many log windows in a row.
+# A float16 run stops when its loss scale falls below this (every step since 2**16 overflowed), or
+# its loss is not finite for this many log windows in a row.
 SCALE_FLOOR, NONFINITE_WINDOWS = 1.0, 3
 # advice a resume accepts (a smaller clip), or a new run for what a resume refuses (the schedule)
-_DIVERGED_ADVICE = ("resume it with a smaller clip_grad_norm (--set clip_grad_norm=0.5), or start a new run in "
-                   "another folder with a smaller lr_factor or a longer warmup")
+_DIVERGED_ADVICE = (
+    "resume it with a smaller clip_grad_norm (--set clip_grad_norm=0.5), or start a new run in "
+    "another folder with a smaller lr_factor or a longer warmup"
+)
 
 
 class _Records(_Clock):
     def summed(self, row: int) -> list[float]:
-        """[loss, nll, tokens] of the window (row 0) or the epoch (row 1), over all processes (a GPU waits here).
+        """[loss, nll, tokens] of the window (row 0) or the epoch (row 1), over all processes (a GPU
+        waits here).
 
-        A loss that is no longer finite stops the run here, before anything records it: last.pt keeps the last good
-        state, since every checkpoint reads these sums first. (Under float16 the loss scaler skips a step whose loss
-        overflowed, and the run goes on: log_window stops a run whose scale keeps falling.)
+        A loss that is no longer finite stops the run here, before anything records it: last.pt
+        keeps the last good state, since every checkpoint reads these sums first. (Under float16 the
+        loss scaler skips a step whose loss overflowed, and the run goes on: log_window stops a run
+        whose scale keeps falling.)
         """
         loss, nll, tokens = self.procs.all_reduce(self.sums[row].clone()).tolist()
         if not self.scaler.is_enabled() and not (math.isfinite(loss) and math.isfinite(nll)):
-            raise TrainingError(f"the training loss is {loss} by step {self.step}: the run stopped, and "
-                                f"{self.out / 'last.pt'} holds its last good checkpoint, if it wrote one; "
-                                f"{_DIVERGED_ADVICE}")
+            raise TrainingError(
+                f"the training loss is {loss} by step {self.step}: the run stopped, and "
+                f"{self.out / 'last.pt'} holds its last good checkpoint, if it wrote one; "
+                f"{_DIVERGED_ADVICE}"
+            )
         return [loss, nll, tokens]
 
     def log(self, record: dict[str, Any]) -> None:
@@ -131,16 +152,21 @@ class _Records(_Clock):
             write_metrics(self.out / "metrics.jsonl", [record])
 
     def validate(self) -> dict[str, float]:
-        """The validation loss of the current weights (rank 0 only: the other processes never need it)."""
+        """The validation loss of the current weights (rank 0 only: the other processes never need
+        it)."""
         return validation_loss(self.model, self.val_src, self.val_tgt, self.config.max_tokens,
                                self.config.label_smoothing, self.amp)
 
     def log_window(self, n_tokens_window: int, window_start: float, bar: Any) -> None:
-        """A "train" record of the loss since the last one, with the learning rate and the throughput."""
+        """A "train" record of the loss since the last one, with the learning rate and the
+        throughput."""
         loss_w, nll_w, tokens_w = self.summed(0)
-        record = {"kind": "train", "epoch": self.epoch + 1, "step": self.step, "loss": loss_w / tokens_w,
-                  "nll": nll_w / tokens_w, "lr": self.optimizer.param_groups[0]["lr"],
-                  "tokens_per_s": n_tokens_window / (time.perf_counter() - window_start), "minutes": self.minutes()}
+        record = {
+            "kind": "train", "epoch": self.epoch + 1, "step": self.step, "loss": loss_w / tokens_w,
+            "nll": nll_w / tokens_w, "lr": self.optimizer.param_groups[0]["lr"],
+            "tokens_per_s": n_tokens_window / (time.perf_counter() - window_start),
+            "minutes": self.minutes(),
+        }
         self.log(record)
         self.check_scaler(record["loss"])
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
@@ -148,33 +174,47 @@ class _Records(_Clock):
         self.sums[0].zero_()
 
     def check_scaler(self, loss: float) -> None:
-        """Under float16 the scaler skips each step whose gradients overflowed and halves its scale: a run whose
-        scale falls below SCALE_FLOOR, or whose loss is not finite for NONFINITE_WINDOWS log windows in a row,
-        has diverged, and stops (TrainingError) instead of skipping every step of its budget."""
+        """Under float16 the scaler skips each step whose gradients overflowed and halves its scale:
+        a run whose scale falls below SCALE_FLOOR, or whose loss is not finite for NONFINITE_WINDOWS
+        log windows in a row, has diverged, and stops (TrainingError) instead of skipping every step
+        of its budget."""
         if not self.scaler.is_enabled():
             return
         self.bad_windows = 0 if math.isfinite(loss) else self.bad_windows + 1
         scale = self.scaler.get_scale()
         if scale < SCALE_FLOOR or self.bad_windows >= NONFINITE_WINDOWS:
-            raise TrainingError(f"the float16 run diverged by step {self.step} (loss {loss}, loss scale {scale:.3g}): "
-                                f"the run stopped, and {self.out / 'last.pt'} holds its last good checkpoint, if it "
-                                f"wrote one; {_DIVERGED_ADVICE}")
+            raise TrainingError(
+                f"the float16 run diverged by step {self.step} (loss {loss}, loss scale "
+                f"{scale:.3g}): the run stopped, and {self.out / 'last.pt'} holds its last good "
+                f"checkpoint, if it wrote one; {_DIVERGED_ADVICE}"
+            )
 
     def log_overhead(self) -> None:
-        """Log (and print) the share of this process's time spent outside training steps, and on what."""
+        """Log (and print) the share of this process's time spent outside training steps, and on
+        what."""
         total = time.perf_counter() - self.t0
-        record = {"kind": "overhead", "step": self.step, "seconds": total,
-                  "share": sum(self.overhead.values()) / total, **self.overhead,
-                  "epochs": self.epochs_seen(self.epoch_batches) if self.epoch_batches else float(self.epoch),
-                  "tokens": self.tokens}  # the data seen by the end of this start of the run
+        record = {
+            "kind": "overhead",
+            "step": self.step,
+            "seconds": total,
+            "share": sum(self.overhead.values()) / total,
+            **self.overhead,
+            "epochs": self.epochs_seen(self.epoch_batches)
+            if self.epoch_batches
+            else float(self.epoch),
+            "tokens": self.tokens,  # the data seen by the end of this start of the run
+        }
         self.log(record)
         if self.progress:
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in self.overhead.items())
-            tqdm.write(f"time outside training steps: {record['share']:.1%} of {total:.0f} s ({parts})")
+            tqdm.write(
+                f"time outside training steps: {record['share']:.1%} of {total:.0f} s ({parts})"
+            )
 
     def set_inner_dropout(self, progress: float) -> None:
-        """Dropout inside attention and the FFN: off before inner_dropout_from of the budget, at its rate after.
-        Only a change touches the modules, which were found once (inner_dropout_sites)."""
+        """Dropout inside attention and the FFN: off before inner_dropout_from of the budget, at its
+        rate after. Only a change touches the modules, which were found once (inner_dropout_sites).
+        """
         on = progress >= self.config.inner_dropout_from
         if on != self.inner_on:
             for obj, attribute, rate in self.inner_sites:
@@ -183,7 +223,8 @@ class _Records(_Clock):
 
 # %% ../book/eng_trainer.ipynb #77c0751c
 def _on_the_cpu(obj: Any) -> Any:
-    """A copy of obj (nested dicts, lists, tuples) whose tensors are CPU copies: later steps cannot change it."""
+    """A copy of obj (nested dicts, lists, tuples) whose tensors are CPU copies: later steps cannot
+    change it."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -195,30 +236,35 @@ def _on_the_cpu(obj: Any) -> Any:
 
 class _Checkpoints(_Records):
     def state(self) -> dict[str, Any] | None:
-        """Everything a resumed run needs, as a checkpoint (all processes call it: it gathers their generators and
-        sums; None on the processes that do not write). Its tensors are copies on the CPU, so it can be written
-        while the next steps change the weights."""
+        """Everything a resumed run needs, as a checkpoint (all processes call it: it gathers their
+        generators and sums; None on the processes that do not write). Its tensors are copies on the
+        CPU, so it can be written while the next steps change the weights."""
         rngs = self.procs.gather(rng_state(self.device))
         sums = [self.summed(0), self.summed(1)]
         if not self.procs.main:  # only the writing process copies the weights to the CPU
             return None
-        return _on_the_cpu({
-            "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
-            "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "position": self.position,
-            "tokens": self.tokens, "elapsed": self.minutes() * 60, "last_point": self.last_point,
-            "sums": sums, "history": list(self.history), "rng": rngs[0],
-            "rng_by_rank": rngs, "world_size": self.procs.world_size, "tokenizer": self.tokenizer.to_dict(),
-            "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
-        })
+        return _on_the_cpu(
+            {
+                "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
+                "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
+                "position": self.position, "tokens": self.tokens, "elapsed": self.minutes() * 60,
+                "last_point": self.last_point, "sums": sums, "history": list(self.history),
+                "rng": rngs[0], "rng_by_rank": rngs, "world_size": self.procs.world_size,
+                "tokenizer": self.tokenizer.to_dict(), "model_config": self.model_config.to_dict(),
+                "train_config": self.config.to_dict(),
+            }
+        )
 
     def write(self, job: Callable[..., Any], *args: Any) -> None:
-        """Queue a file job (rank 0) on the writer thread: the steps go on while it runs, in the order queued."""
+        """Queue a file job (rank 0) on the writer thread: the steps go on while it runs, in the
+        order queued."""
         self.writing = [f for f in self.writing if not f.done() or f.exception() is not None]
         self.writing.append(self.writer.submit(job, *args))
 
     def check_writes(self) -> bool:
-        """Whether a queued file job has failed (rank 0; the loop then stops the run at this step)."""
+        """Whether a queued file job has failed (rank 0; the loop then stops the run at this step).
+        """
         return any(f.done() and f.exception() is not None for f in self.writing)
 
     def flush(self) -> None:
@@ -231,8 +277,8 @@ class _Checkpoints(_Records):
                 raise failed
 
     def checkpoint(self) -> None:
-        """Queue last.pt (rank 0): written atomically, then the weights kept for averaging that it no longer
-        needs are deleted."""
+        """Queue last.pt (rank 0): written atomically, then the weights kept for averaging that it
+        no longer needs are deleted."""
         with self.timed("saving"):
             state = self.state()
             if self.procs.main:
@@ -246,39 +292,58 @@ class _Checkpoints(_Records):
         fsync_folder(self.out)
 
     def keep_for_average(self, epoch: int) -> None:
-        """Keep the weights of a validation point (rank 0): in memory for the final average, and on disk
-        (averageSSSSSSS.pt) for a resumed run, written beside the steps."""
+        """Keep the weights of a validation point (rank 0): in memory for the final average, and on
+        disk (averageSSSSSSS.pt) for a resumed run, written beside the steps."""
         with self.timed("saving"):
             weights = _on_the_cpu(self.model.state_dict())
             self.kept = (self.kept + [(self.step, weights)])[-self.config.average_last:]
-            self.write(save_checkpoint, {"format": CHECKPOINT_FORMAT, "kind": "weights", "model": weights,
-                                         "epoch": epoch, "step": self.step}, self.out / f"average{self.step:07d}.pt")
+            self.write(
+                save_checkpoint,
+                {
+                    "format": CHECKPOINT_FORMAT, "kind": "weights", "model": weights,
+                    "epoch": epoch, "step": self.step,
+                },
+                self.out / f"average{self.step:07d}.pt",
+            )
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint of this run."""
         self.model.load_state_dict(state["model"])
-        machine = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in self.optimizer.param_groups]
+        machine = [
+            {k: g[k] for k in ("fused", "foreach") if k in g} for g in self.optimizer.param_groups
+        ]
         self.optimizer.load_state_dict(state["optimizer"])
         for group, kernel in zip(self.optimizer.param_groups, machine, strict=True):
-            group.update(kernel)  # fused or not follows this machine, not the one the run started on
+            # fused or not follows this machine, not the one the run started on
+            group.update(kernel)
         self.schedule.load_state_dict(state["scheduler"])
-        if state["scaler"] and self.scaler.is_enabled():  # empty when the run was saved without fp16
+        # empty when the run was saved without fp16
+        if state["scaler"] and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["scaler"])
-        self.step, self.epoch, self.position, self.elapsed = (state["step"], state["epoch"], state["position"],
-                                                              state["elapsed"])
+        self.step, self.epoch, self.position, self.elapsed = (
+            state["step"], state["epoch"], state["position"], state["elapsed"],
+        )
         self.last_point = state.get("last_point", self.elapsed / 60)
-        self.tokens = state.get("tokens")  # None for a checkpoint written before the trainer counted them
-        if self.procs.main:  # weights kept after last.pt belong to the run that stopped; the others come back
+        # None for a checkpoint written before the trainer counted them
+        self.tokens = state.get("tokens")
+        # weights kept after last.pt belong to the run that stopped; the others come back
+        if self.procs.main:
             for k, path in snapshot_paths(self.out):
                 if k > self.step:
                     path.unlink()
             for minutes, path in _learning_curve_paths(self.out, self.config.snapshot_minutes):
-                if minutes > self.elapsed / 60:  # a learning-curve point taken after last.pt: the run redoes it
+                # a learning-curve point taken after last.pt: the run redoes it
+                if minutes > self.elapsed / 60:
                     path.unlink()
-            kept = snapshot_paths(self.out)[-self.config.average_last:] if self.config.average_last > 1 else []
+            kept = (
+                snapshot_paths(self.out)[-self.config.average_last :]
+                if self.config.average_last > 1
+                else []
+            )
             self.kept = [(k, load_checkpoint(path)["model"]) for k, path in kept]
         self.sums = torch.tensor(state["sums"], dtype=torch.float64, device=self.device)
-        if not self.procs.main:  # the saved sums are the run's: rank 0 carries them, the others start from 0
+        # the saved sums are the run's: rank 0 carries them, the others start from 0
+        if not self.procs.main:
             self.sums.zero_()
         self.history = list(state["history"])
         rngs = state.get("rng_by_rank", [state["rng"]])
@@ -287,11 +352,13 @@ class _Checkpoints(_Records):
 
 # %% ../book/eng_trainer.ipynb #3c1e7a02
 class Trainer(_Checkpoints):
-    """A training run: its state and every job above, and the loop that drives them (`fit`), then `finish`."""
+    """A training run: its state and every job above, and the loop that drives them (`fit`), then
+    `finish`."""
 
     def fit(self, signalled: list[int]) -> None:
-        """Steps until the epochs or the budget run out, with validation points and checkpoints at epoch ends or
-        on their own timers, and a checkpoint on a signal (signalled[0] set by a handler)."""
+        """Steps until the epochs or the budget run out, with validation points and checkpoints at
+        epoch ends or on their own timers, and a checkpoint on a signal (signalled[0] set by a
+        handler)."""
         config = self.config
         batches = self.batches()
         decision = self.agree(signalled[0], len(batches))
@@ -304,19 +371,26 @@ class Trainer(_Checkpoints):
         try:
             while self.epoch < config.epochs and not stopped:
                 batches = self.batches()
-                bar = tqdm(total=len(batches) // self.per_step, initial=self.position // self.per_step, unit="step",
-                           desc=f"epoch {self.epoch + 1}", leave=False, disable=not self.progress, dynamic_ncols=True)
+                bar = tqdm(
+                    total=len(batches) // self.per_step, initial=self.position // self.per_step,
+                    unit="step", desc=f"epoch {self.epoch + 1}", leave=False,
+                    disable=not self.progress, dynamic_ncols=True,
+                )
                 self.model.train()
                 while self.position < len(batches) and not stopped:
-                    with self.timed("first_step") if first else nullcontext():  # with torch.compile: compiling
+                    # with torch.compile: compiling
+                    with self.timed("first_step") if first else nullcontext():
                         sums, n_tokens = self.train_step(batches)
                     first = False
                     decision = self.agree(signalled[0], len(batches))
-                    if decision["failed"]:  # a checkpoint could not be written: stop now, not at the run's end
-                        self.flush()  # raises rank 0's error (an OSError: a full disk, a folder gone)
+                    # a checkpoint could not be written: stop now, not at the run's end
+                    if decision["failed"]:
+                        # raises rank 0's error (an OSError: a full disk, a folder gone)
+                        self.flush()
                         raise TrainingError("the writing process could not write the run's files")
                     if config.cooldown > 0:
-                        self.schedule.progress = decision["progress"]  # the rate of the next step depends on it
+                        # the rate of the next step depends on it
+                        self.schedule.progress = decision["progress"]
                     self.set_inner_dropout(decision["progress"])
                     self.schedule.step()
                     self.sums += sums
@@ -330,13 +404,16 @@ class Trainer(_Checkpoints):
                     stopped = decision["stop"] or decision["signal"]
                     if decision["point"]:
                         self.point()
-                    if decision["signal"] or (decision["save"] and (self.position < len(batches)
-                                                                     or not config.points_by_epoch)):
+                    if decision["signal"] or (
+                        decision["save"]
+                        and (self.position < len(batches) or not config.points_by_epoch)
+                    ):
                         self.checkpoint()
                 bar.close()
                 if decision["signal"]:
-                    raise KeyboardInterrupt(f"stopped by a signal at step {self.step}; last.pt holds the run, "
-                                            "resume it")
+                    raise KeyboardInterrupt(
+                        f"stopped by a signal at step {self.step}; last.pt holds the run, resume it"
+                    )
                 if self.position >= len(batches):
                     self.end_epoch()
             if self.procs.main:
@@ -346,20 +423,32 @@ class Trainer(_Checkpoints):
             self.flush()  # a run that stops, for whatever reason, leaves its files whole
 
     def announce(self, batches: list[list[int]]) -> None:
-        """The run's first line: the model, the device and precision, the data and the steps of an epoch."""
+        """The run's first line: the model, the device and precision, the data and the steps of an
+        epoch."""
         if not self.progress:
             return
-        precision = "float32" if self.amp is None else f"{str(self.amp).replace('torch.', '')} autocast"
+        precision = (
+            "float32" if self.amp is None else f"{str(self.amp).replace('torch.', '')} autocast"
+        )
         setup = self.history[0]
         dropped, val_dropped = setup.get("dropped", 0), setup.get("val_dropped", 0)
-        left_out = "" if not dropped and not val_dropped else (
-            f"; left out: {dropped} training pair(s) with a side over max_sentence_len={self.config.max_sentence_len} tokens, "
-            f"{val_dropped} validation pair(s) longer than the model's positions")
-        tqdm.write(f"{sum(p.numel() for p in self.model.parameters()) / 1e6:.1f}M parameters on {self.device} "
-                   f"({precision}) x {self.procs.world_size} process(es); {len(self.train_src)} training pairs in "
-                   f"{len(batches) // self.per_step} steps per epoch "
-                   f"({self.padding(batches):.0%} padding)" + left_out
-                   + (f"; resuming at step {self.step}" if self.step else ""))
+        left_out = (
+            ""
+            if not dropped and not val_dropped
+            else (
+                f"; left out: {dropped} training pair(s) with a side over "
+                f"max_sentence_len={self.config.max_sentence_len} tokens, "
+                f"{val_dropped} validation pair(s) longer than the model's positions"
+            )
+        )
+        tqdm.write(
+            f"{sum(p.numel() for p in self.model.parameters()) / 1e6:.1f}M parameters on "
+            f"{self.device} ({precision}) x {self.procs.world_size} process(es); "
+            f"{len(self.train_src)} training pairs in {len(batches) // self.per_step} steps per "
+            f"epoch ({self.padding(batches):.0%} padding)"
+            + left_out
+            + (f"; resuming at step {self.step}" if self.step else "")
+        )
 
     def end_epoch(self) -> None:
         """The next epoch; with points by epoch, a validation point and last.pt first."""
@@ -369,7 +458,8 @@ class Trainer(_Checkpoints):
             self.checkpoint()
 
     def point(self) -> None:
-        """A validation point: validate, log the losses since the last point, keep the weights for averaging."""
+        """A validation point: validate, log the losses since the last point, keep the weights for
+        averaging."""
         loss_e, nll_e, tokens_e = self.summed(1)
         self.sums[1].zero_()
         self.last_point = self.minutes()
@@ -382,19 +472,30 @@ class Trainer(_Checkpoints):
                   "train_nll": nll_e / tokens_e, "val_loss": val["loss"], "val_nll": val["nll"],
                   "val_ppl": val["ppl"], "minutes": self.minutes()})
         if self.progress:
-            tqdm.write(f"epoch {epoch}: step {self.step}, train loss {loss_e / tokens_e:.3f}, val loss "
-                       f"{val['loss']:.3f}, val ppl {val['ppl']:.2f}, {self.minutes():.1f} min")
-        if self.config.average_last > 1:  # the weights alone: the optimiser's moments wait for last.pt
+            tqdm.write(
+                f"epoch {epoch}: step {self.step}, train loss {loss_e / tokens_e:.3f}, val loss "
+                f"{val['loss']:.3f}, val ppl {val['ppl']:.2f}, {self.minutes():.1f} min"
+            )
+        # the weights alone: the optimiser's moments wait for last.pt
+        if self.config.average_last > 1:
             self.keep_for_average(epoch)
 
     def keep_snapshot(self) -> None:
-        """After each snapshot_minutes of training, keep the weights as snapshotNNN.pt, with the minutes and step."""
+        """After each snapshot_minutes of training, keep the weights as snapshotNNN.pt, with the
+        minutes and step."""
         k = int(self.minutes() // self.config.snapshot_minutes)
         path = self.out / f"snapshot{k:03d}.pt"
         if k >= 1 and not path.exists():
-            with self.timed("saving"):  # rare (every few minutes), so written at once: the next step asks for the file
-                save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "weights", "model": self.model.state_dict(),
-                                 "epoch": self.epoch, "step": self.step, "minutes": self.minutes()}, path)
+            # rare (every few minutes), so written at once: the next step asks for the file
+            with self.timed("saving"):
+                save_checkpoint(
+                    {
+                        "format": CHECKPOINT_FORMAT, "kind": "weights",
+                        "model": self.model.state_dict(), "epoch": self.epoch, "step": self.step,
+                        "minutes": self.minutes(),
+                    },
+                    path,
+                )
 
     def validate_end(self) -> None:
         """Validate where the run stopped, unless an epoch's end just did."""
@@ -406,8 +507,8 @@ class Trainer(_Checkpoints):
                       "val_nll": val["nll"], "val_ppl": val["ppl"], "minutes": self.minutes()})
 
     def finish(self) -> None:
-        """Write model.pt (rank 0): the average of the last average_last kept weights if it validates better,
-        else the last weights."""
+        """Write model.pt (rank 0): the average of the last average_last kept weights if it
+        validates better, else the last weights."""
         with self.timed("averaging"):
             snapshots = [weights for _, weights in self.kept]
             if not self.kept or self.kept[-1][0] != self.step:  # the newest weights too
@@ -422,13 +523,17 @@ class Trainer(_Checkpoints):
                 self.log({"kind": "averaged", "epoch": self.history[-1]["epoch"], "step": self.step,
                           "checkpoints": averaged, "val_loss": val["loss"], "val_nll": val["nll"],
                           "val_ppl": val["ppl"], "kept": val["loss"] < last_val})
-                if val["loss"] >= last_val:  # the snapshots are still too far apart to average: the last weights
+                # the snapshots are still too far apart to average: the last weights
+                if val["loss"] >= last_val:
                     self.model.load_state_dict(last_weights)
                     averaged = 1
         self.log_overhead()
-        save_checkpoint({
-            "format": CHECKPOINT_FORMAT, "kind": "model", "model": self.model.state_dict(),
-            "tokenizer": self.tokenizer.to_dict(), "model_config": self.model_config.to_dict(),
-            "train_config": self.config.to_dict(), "step": self.step, "epoch": self.epoch, "averaged": averaged,
-            "history": self.history,
-        }, self.out / "model.pt")
+        save_checkpoint(
+            {
+                "format": CHECKPOINT_FORMAT, "kind": "model", "model": self.model.state_dict(),
+                "tokenizer": self.tokenizer.to_dict(), "model_config": self.model_config.to_dict(),
+                "train_config": self.config.to_dict(), "step": self.step, "epoch": self.epoch,
+                "averaged": averaged, "history": self.history,
+            },
+            self.out / "model.pt",
+        )

@@ -27,28 +27,30 @@ from .distributed import Processes, step_shard
 from .layers import PositionwiseFeedForward
 from .model import Transformer, TransformerConfig
 from transformer_lib.recipe import (
-    Batch,
-    LabelSmoothingLoss,
-    NoamSchedule,
-    batch_loss,
-    make_batch,
-    noam_rate,
-    token_batches,
+    Batch, LabelSmoothingLoss, NoamSchedule, batch_loss, make_batch, noam_rate, token_batches,
 )
 from .runtime import autocast, resolve_amp, training_attention
 from .tokenizer import PAD_ID, BPETokenizer
 
 # %% ../book/eng_training_step.ipynb #a7e1c0e3
 def _group_length(src_len: int, tgt_len: int, width: int) -> int:
-    """The length of a pair's group in fixed_shape_batches: its longer side rounded up to a multiple of width."""
+    """The length of a pair's group in fixed_shape_batches: its longer side rounded up to a multiple
+    of width."""
     return -(-max(src_len, tgt_len) // width) * width
 
 
-def fixed_shape_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int, width: int,
-                        seed: int | None = None, epoch: int = 0) -> list[list[int]]:
-    """Batches in a few shapes that never change: pairs grouped by their longer side rounded up to a multiple of
-    width; a group of length L gives batches of max_tokens // L rows, its last one filled up with -1 (an empty row).
-    Every pair is in one batch an epoch; the order depends only on (seed, epoch)."""
+def fixed_shape_batches(
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    max_tokens: int,
+    width: int,
+    seed: int | None = None,
+    epoch: int = 0,
+) -> list[list[int]]:
+    """Batches in a few shapes that never change: pairs grouped by their longer side rounded up to a
+    multiple of width; a group of length L gives batches of max_tokens // L rows, its last one
+    filled up with -1 (an empty row). Every pair is in one batch an epoch; the order depends only on
+    (seed, epoch)."""
     generator = None if seed is None else torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     groups: dict[int, list[int]] = {}
     for i in range(len(src_lens)):
@@ -56,7 +58,9 @@ def fixed_shape_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], max_to
     batches = []
     for length, members in sorted(groups.items()):
         if generator is not None:
-            members = [members[j] for j in torch.randperm(len(members), generator=generator).tolist()]
+            members = [
+                members[j] for j in torch.randperm(len(members), generator=generator).tolist()
+            ]
         rows = max(1, max_tokens // length)
         members = members + [-1] * (-len(members) % rows)
         batches += [members[k : k + rows] for k in range(0, len(members), rows)]
@@ -65,8 +69,11 @@ def fixed_shape_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], max_to
     return batches
 
 
-def batch_shapes(src_lens: Sequence[int], tgt_lens: Sequence[int], width: int) -> dict[int, tuple[int, int]]:
-    """The (source, target) length of each group of fixed_shape_batches: its longest source and longest target."""
+def batch_shapes(
+    src_lens: Sequence[int], tgt_lens: Sequence[int], width: int
+) -> dict[int, tuple[int, int]]:
+    """The (source, target) length of each group of fixed_shape_batches: its longest source and
+    longest target."""
     shapes: dict[int, tuple[int, int]] = {}
     for s, t in zip(src_lens, tgt_lens, strict=True):
         old = shapes.get(_group_length(s, t, width), (0, 0))
@@ -74,10 +81,16 @@ def batch_shapes(src_lens: Sequence[int], tgt_lens: Sequence[int], width: int) -
     return shapes
 
 
-def fixed_shape_batch(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], empty: int, shape: tuple[int, int],
-                      pad_id: int = PAD_ID) -> Batch:
-    """make_batch padded to shape (source, target lengths) with `empty` empty rows: a source of <eos> alone, a
-    target of <bos> alone with no label, so every query still has a key and no empty row adds to the loss."""
+def fixed_shape_batch(
+    src: Sequence[Sequence[int]],
+    tgt: Sequence[Sequence[int]],
+    empty: int,
+    shape: tuple[int, int],
+    pad_id: int = PAD_ID,
+) -> Batch:
+    """make_batch padded to shape (source, target lengths) with `empty` empty rows: a source of
+    <eos> alone, a target of <bos> alone with no label, so every query still has a key and no empty
+    row adds to the loss."""
     batch = make_batch([*src, *[[]] * empty], [*tgt, *[[]] * empty])  # (B, S'), (B, T')
     pad = lambda x, length: F.pad(x, (0, length - x.size(1)), value=pad_id)  # (B, length)
     tgt_out = pad(batch.tgt_out, shape[1])  # (B, T)
@@ -91,79 +104,111 @@ OVERHEAD_PARTS = ("start_up", "first_step", "validation", "saving", "averaging")
 
 
 class TrainingError(RuntimeError):
-    """A run that cannot start or go on: no data fits the settings, or the loss is no longer a finite number."""
+    """A run that cannot start or go on: no data fits the settings, or the loss is no longer a
+    finite number."""
 
 
-def inner_dropout_sites(model: nn.Module, config: TransformerConfig) -> list[tuple[Any, str, float]]:
-    """(object, attribute, rate) of each dropout inside attention and feed-forward networks, ours or PyTorch's."""
+def inner_dropout_sites(
+    model: nn.Module, config: TransformerConfig
+) -> list[tuple[Any, str, float]]:
+    """(object, attribute, rate) of each dropout inside attention and feed-forward networks, ours or
+    PyTorch's."""
     sites: list[tuple[Any, str, float]] = []
     for module in model.modules():
         if isinstance(module, (MultiHeadAttention, nn.MultiheadAttention)):
             sites.append((module, "dropout", config.attention_dropout))  # on the attention weights
-        elif isinstance(module, (PositionwiseFeedForward, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
-            sites.append((module.dropout, "p", config.ffn_dropout))  # on the feed-forward's hidden units
+        elif isinstance(
+            module,
+            (PositionwiseFeedForward, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer),
+        ):
+            # on the feed-forward's hidden units
+            sites.append((module.dropout, "p", config.ffn_dropout))
     return sites
 
 
 class LossComputation(nn.Module):
-    """The model and the loss as one module, so DistributedDataParallel sees the whole forward pass."""
+    """The model and the loss as one module, so DistributedDataParallel sees the whole forward pass.
+    """
 
     def __init__(self, model: nn.Module, criterion: LabelSmoothingLoss) -> None:
         super().__init__()
         self.model, self.criterion = model, criterion
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed label-smoothed loss and negative log-likelihood of the batch, as batch_loss computes them."""
+        """Summed label-smoothed loss and negative log-likelihood of the batch, as batch_loss
+        computes them."""
         return batch_loss(self.model, batch, self.criterion)
 
 
 class _RunState:
-    """The state of a run (model, optimiser, schedule, position in the data, running sums, the weights kept for
-    averaging, the writer of its files); the classes after it add its jobs, and `Trainer` is all of them."""
+    """The state of a run (model, optimiser, schedule, position in the data, running sums, the
+    weights kept for averaging, the writer of its files); the classes after it add its jobs, and
+    `Trainer` is all of them."""
 
     def __init__(self, config: TrainConfig, out: Path, tokenizer: BPETokenizer, procs: Processes,
                  data: tuple[list[list[int]], ...], progress: bool, t0: float | None = None,
                  model_factory: Callable[[TransformerConfig], nn.Module] = Transformer) -> None:
-        self.config, self.out, self.tokenizer, self.procs, self.progress = config, out, tokenizer, procs, progress
+        self.config, self.out, self.tokenizer, self.procs, self.progress = (
+            config, out, tokenizer, procs, progress,
+        )
         self.train_src, self.train_tgt, self.val_src, self.val_tgt = data
-        self.src_lens, self.tgt_lens = [len(s) + 1 for s in self.train_src], [len(t) + 1 for t in self.train_tgt]
+        self.src_lens, self.tgt_lens = (
+            [len(s) + 1 for s in self.train_src], [len(t) + 1 for t in self.train_tgt],
+        )
         self.device, self.amp = procs.device, resolve_amp(config.amp, procs.device)
         self.model_config = config.model_config(tokenizer.vocab_size)
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         self.model = model_factory(self.model_config).to(self.device)
-        if procs.rank > 0:  # the same initial weights everywhere, but each process draws its own dropout masks
+        # the same initial weights everywhere, but each process draws its own dropout masks
+        if procs.rank > 0:
             torch.manual_seed(config.seed + 1_000_003 * procs.rank)
         # fused on CUDA: one kernel for all parameters, and float16's inf check stays on the GPU
         self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor),
-            betas=config.betas, eps=config.eps, weight_decay=config.weight_decay, fused=self.device.type == "cuda")
-        self.schedule = NoamSchedule(self.optimizer, config.d_model, config.warmup, config.lr_factor, config.cooldown)
+            self.model.parameters(),
+            lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor), betas=config.betas,
+            eps=config.eps, weight_decay=config.weight_decay, fused=self.device.type == "cuda",
+        )
+        self.schedule = NoamSchedule(
+            self.optimizer, config.d_model, config.warmup, config.lr_factor, config.cooldown
+        )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
         net: nn.Module = LossComputation(self.model, LabelSmoothingLoss(
             tokenizer.vocab_size, tokenizer.pad_id, config.label_smoothing, reduction="sum"))
         self.ddp = None
         if procs.world_size > 1:  # averages the gradients over the processes during backward
             self.ddp = net = DistributedDataParallel(
-                net, device_ids=[self.device.index] if self.device.type == "cuda" else None, broadcast_buffers=False)
+                net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                broadcast_buffers=False,
+            )
         # with length_bucket: the (source, target) length of each group of fixed_shape_batches
-        self.shapes = {} if config.length_bucket is None else batch_shapes(self.src_lens, self.tgt_lens,
-                                                                            config.length_bucket)
+        self.shapes = (
+            {}
+            if config.length_bucket is None
+            else batch_shapes(self.src_lens, self.tgt_lens, config.length_bucket)
+        )
         # compiled: for batches of fixed shapes a static graph each, else one dynamic graph
         self.net = self.compiled(net) if config.compile else net
-        self.inner_sites = inner_dropout_sites(self.model, self.model_config)  # found once, switched when due
-        self.bad_windows = 0  # log windows in a row whose loss was not finite (float16's scaler skipped them)
+        # found once, switched when due
+        self.inner_sites = inner_dropout_sites(self.model, self.model_config)
+        # log windows in a row whose loss was not finite (float16's scaler skipped them)
+        self.bad_windows = 0
         self.inner_on: bool | None = None  # whether the inner dropout is on (None: not set yet)
         self.per_step = procs.world_size * config.accum_steps  # micro-batches per optimiser step
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
-        self.tokens = 0  # real source and target tokens trained on, over all processes (None: not counted)
+        # real source and target tokens trained on, over all processes (None: not counted)
+        self.tokens = 0
         self.epoch_batches = 0  # micro-batches in the current epoch, set by batches()
-        # [window, epoch] x [loss, nll, tokens] of this process; summed over the processes only when read
+        # [window, epoch] x [loss, nll, tokens] of this process; summed over the processes only
+        # when read
         self.sums = torch.zeros(2, 3, dtype=torch.float64, device=self.device)
-        self.prefetched: tuple[tuple[int, int], list[Batch]] | None = None  # ((epoch, position), batches)
+        # ((epoch, position), batches)
+        self.prefetched: tuple[tuple[int, int], list[Batch]] | None = None
         self.history: list[dict[str, Any]] = []
-        self.kept: list[tuple[int, dict[str, torch.Tensor]]] = []  # (step, CPU weights) for the final average
-        self.writer = ThreadPoolExecutor(max_workers=1)  # checkpoints are written in order, beside the steps
+        # (step, CPU weights) for the final average
+        self.kept: list[tuple[int, dict[str, torch.Tensor]]] = []
+        # checkpoints are written in order, beside the steps
+        self.writer = ThreadPoolExecutor(max_workers=1)
         self.writing: list[Future] = []
         self.started = self.last_save = time.perf_counter()
         self.last_point = 0.0  # training minutes at the last validation point
@@ -172,15 +217,18 @@ class _RunState:
         self.overhead = dict.fromkeys(OVERHEAD_PARTS, 0.0)
 
     def compiled(self, net: nn.Module) -> nn.Module:
-        """torch.compile'd net: one dynamic graph, or with length_bucket a static graph per batch shape. Dynamo
-        compiles at most recompile_limit graphs of a function (8) and runs the rest eagerly: the limit is raised
-        to cover every shape twice: the late inner-dropout switch changes the rates each graph holds."""
+        """torch.compile'd net: one dynamic graph, or with length_bucket a static graph per batch
+        shape. Dynamo compiles at most recompile_limit graphs of a function (8) and runs the rest
+        eagerly: the limit is raised to cover every shape twice: the late inner-dropout switch
+        changes the rates each graph holds."""
         if self.config.length_bucket is not None:
             from torch import _dynamo  # imported only when compiling: it takes a few seconds
 
             graphs = 2 * len(self.shapes) + 2
             _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, graphs)
-            _dynamo.config.accumulated_recompile_limit = max(_dynamo.config.accumulated_recompile_limit, graphs)
+            _dynamo.config.accumulated_recompile_limit = max(
+                _dynamo.config.accumulated_recompile_limit, graphs
+            )
         return torch.compile(net, dynamic=self.config.length_bucket is None)
 
     @contextmanager
@@ -195,17 +243,23 @@ class _RunState:
 # %% ../book/eng_training_step.ipynb #a7e1c0da
 class _Batches(_RunState):
     def batches(self) -> list[list[int]]:
-        """The epoch's batches (fixed_shape_batches with length_bucket, else token_batches), cut to a whole
-        number of steps so every process gets as many."""
+        """The epoch's batches (fixed_shape_batches with length_bucket, else token_batches), cut to
+        a whole number of steps so every process gets as many."""
         c = self.config
         if c.length_bucket is None:
-            batches = token_batches(self.src_lens, self.tgt_lens, c.max_tokens, seed=c.seed, epoch=self.epoch)
+            batches = token_batches(
+                self.src_lens, self.tgt_lens, c.max_tokens, seed=c.seed, epoch=self.epoch
+            )
         else:
-            batches = fixed_shape_batches(self.src_lens, self.tgt_lens, c.max_tokens, c.length_bucket, seed=c.seed,
-                                          epoch=self.epoch)
+            batches = fixed_shape_batches(
+                self.src_lens, self.tgt_lens, c.max_tokens, c.length_bucket, seed=c.seed,
+                epoch=self.epoch,
+            )
         if len(batches) < self.per_step:
-            raise TrainingError(f"an epoch has {len(batches)} batches, fewer than the {self.per_step} micro-batches "
-                                "of one step (processes x accum_steps): use more data or a smaller max_tokens")
+            raise TrainingError(
+                f"an epoch has {len(batches)} batches, fewer than the {self.per_step} micro-batches"
+                " of one step (processes x accum_steps): use more data or a smaller max_tokens"
+            )
         self.epoch_batches = len(batches) - len(batches) % self.per_step
         return batches[: self.epoch_batches]
 
@@ -213,7 +267,9 @@ class _Batches(_RunState):
         """(rows, source length, target length) of a batch as step_batches builds it."""
         real = [i for i in idx if i >= 0]
         if self.config.length_bucket is None:
-            return len(idx), max(self.src_lens[i] for i in real), max(self.tgt_lens[i] for i in real)
+            return (
+                len(idx), max(self.src_lens[i] for i in real), max(self.tgt_lens[i] for i in real),
+            )
         return len(idx), *self.shapes[_group_length(self.src_lens[real[0]], self.tgt_lens[real[0]],
                                                    self.config.length_bucket)]  # one group a batch
 
@@ -226,10 +282,13 @@ class _Batches(_RunState):
     def step_batches(self, batches: list[list[int]], position: int) -> list[Batch]:
         """This process's micro-batches of the step at `position`, on their way to the device.
 
-        On a GPU they go through page-locked (pinned) memory, so the copies need not wait for the GPU to finish
-        what it is computing: the host prepares step k + 1 while the GPU computes step k.
+        On a GPU they go through page-locked (pinned) memory, so the copies need not wait for the
+        GPU to finish what it is computing: the host prepares step k + 1 while the GPU computes
+        step k.
         """
-        mine = step_shard(batches, position, self.procs.world_size, self.config.accum_steps, self.procs.rank)
+        mine = step_shard(
+            batches, position, self.procs.world_size, self.config.accum_steps, self.procs.rank
+        )
         out = []
         for idx in mine:
             real = [i for i in idx if i >= 0]
@@ -245,10 +304,12 @@ class _Batches(_RunState):
 
 # %% ../book/eng_training_step.ipynb #a7e1c0db
 class TrainingStep(_Batches):
-    """A run's state, its batches and its optimiser step: what the trainer (transformer_lib.trainer) builds on."""
+    """A run's state, its batches and its optimiser step: what the trainer (transformer_lib.trainer)
+    builds on."""
 
     def train_step(self, batches: list[list[int]]) -> tuple[torch.Tensor, int]:
-        """One optimiser step on this process's share of the step at self.position; (local sums, global tokens)."""
+        """One optimiser step on this process's share of the step at self.position; (local sums,
+        global tokens)."""
         step_batches = batches[self.position : self.position + self.per_step]
         # the loss's denominator, all processes (-1: an empty row of a fixed shape)
         n_tgt = sum(self.tgt_lens[i] for idx in step_batches for i in idx if i >= 0)
@@ -257,19 +318,25 @@ class TrainingStep(_Batches):
         mine = self.prefetched[1] if self.prefetched is not None and self.prefetched[0] == key \
             else self.step_batches(batches, self.position)
         self.prefetched = None
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # [loss, nll, tokens] of this process
+        # [loss, nll, tokens] of this process
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
         for k, batch in enumerate(mine):
             last = k == len(mine) - 1  # DDP averages the gradients only after the last micro-batch
             with nullcontext() if last or self.ddp is None else self.ddp.no_sync():
-                # every sentence keeps its <eos>, so every query has a key: attention skips that check
-                with autocast(self.device, self.amp), training_attention(self.device), rows_have_keys():
+                # every sentence keeps its <eos>, so every query has a key: attention skips
+                # that check
+                with (
+                    autocast(self.device, self.amp), training_attention(self.device),
+                    rows_have_keys(),
+                ):
                     loss_sum, nll_sum = self.net(batch)
-                # DDP divides the summed gradients by world_size; dividing by n_tgt / world_size here leaves
-                # the gradient of (the loss summed over every process's tokens) / n_tgt
+                # DDP divides the summed gradients by world_size; dividing by n_tgt / world_size
+                # here leaves the gradient of (the loss summed over every process's tokens) / n_tgt
                 self.scaler.scale(loss_sum / (n_tgt / self.procs.world_size)).backward()
             sums[:2] += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
-        sums[2] = float(sum(b.n_tgt_tokens for b in mine))  # a number passed to a kernel: no copy from the host
+        # a number passed to a kernel: no copy from the host
+        sums[2] = float(sum(b.n_tgt_tokens for b in mine))
         if self.config.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
@@ -278,8 +345,11 @@ class TrainingStep(_Batches):
         self.step, self.position = self.step + 1, self.position + self.per_step
         if self.tokens is not None:
             self.tokens += n_all
-        if self.position < len(batches):  # the next step's batches, while the GPU still computes this one
-            self.prefetched = ((self.epoch, self.position), self.step_batches(batches, self.position))
+        # the next step's batches, while the GPU still computes this one
+        if self.position < len(batches):
+            self.prefetched = (
+                (self.epoch, self.position), self.step_batches(batches, self.position),
+            )
         return sums, n_all
 
 # %% ../book/eng_training_step.ipynb #a7e1c0d7
@@ -292,11 +362,14 @@ def validation_loss(
     smoothing: float = 0.1,
     amp: torch.dtype | None = None,
 ) -> dict[str, float]:
-    """Per-token label-smoothed loss, negative log-likelihood and perplexity over a data set, without dropout."""
+    """Per-token label-smoothed loss, negative log-likelihood and perplexity over a data set,
+    without dropout."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    criterion = LabelSmoothingLoss(model.config.vocab_size, model.config.pad_id, smoothing, reduction="sum")
+    criterion = LabelSmoothingLoss(
+        model.config.vocab_size, model.config.pad_id, smoothing, reduction="sum"
+    )
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # [loss, nll], read once at the end
     tokens = 0
     for idx in token_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], max_tokens):
@@ -307,4 +380,7 @@ def validation_loss(
         tokens += batch.n_tgt_tokens
     model.train(was_training)
     loss_sum, nll_sum = sums.tolist()
-    return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(nll_sum / tokens), "tokens": tokens}
+    return {
+        "loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(nll_sum / tokens),
+        "tokens": tokens,
+    }
