@@ -300,7 +300,7 @@ def _check_corpus_fields(config: TrainConfig) -> None:
                          "set train_src, train_tgt, val_src and val_tgt")
 
 
-# %% ../book/eng_configuration.ipynb #18c02ce6
+# %% ../book/eng_configuration.ipynb #14653fad
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=64, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=128,
                  dropout=0.1, train_subset=3000, max_tokens=1500, warmup=100, epochs=2,

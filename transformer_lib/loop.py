@@ -46,7 +46,7 @@ class TrainResult:
     out_dir: Path
 
 
-# %% ../book/eng_training_runs.ipynb #11605a4a
+# %% ../book/eng_training_runs.ipynb #6e7334bf
 @contextmanager
 def _stop_on_signals() -> Iterator[list[int]]:
     """While inside, SIGINT and SIGTERM only set a flag (the list's first item), so a step is never
