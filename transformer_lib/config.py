@@ -22,32 +22,46 @@ from .recipe import cooldown_factor
 from .tokenizer import N_BASE
 
 # %% ../book/eng_configuration.ipynb #b707eb05
-# Fixed by the tokenizer, or (max_len: the model's positions) by the library; a run chooses the other fields.
+# Fixed by the tokenizer, or (max_len: the model's positions) by the library; a run chooses the
+# other fields.
 NOT_CHOSEN = ("vocab_size", "max_len", "pad_id", "bos_id", "eos_id")
 
 ModelSettings = make_dataclass(
     "ModelSettings",
-    [(f.name, f.type, field(default=f.default)) for f in fields(TransformerConfig) if f.name not in NOT_CHOSEN],
-    namespace={"__doc__": "TransformerConfig's fields that a run chooses, with their types and defaults."},
+    [
+        (f.name, f.type, field(default=f.default))
+        for f in fields(TransformerConfig)
+        if f.name not in NOT_CHOSEN
+    ],
+    namespace={
+        "__doc__": "TransformerConfig's fields that a run chooses, with their types and defaults."
+    },
 )
 ModelSettings.__module__ = __name__
+
 
 # %% ../book/eng_configuration.ipynb #f786d9cf
 @dataclass
 class TrainConfig(ModelSettings):
-    """Everything that defines a training run: the model's fields (ModelSettings), then the data, the optimisation,
-    the length of the run and the machinery; PRESETS holds tuned values, TrainConfig.from_preset applies one."""
+    """Everything that defines a training run: the model's fields (ModelSettings), then the data,
+    the optimisation, the length of the run and the machinery; PRESETS holds tuned values,
+    TrainConfig.from_preset applies one."""
 
-    inner_dropout_from: float = 0.0  # the fraction of the budget before which the inner rates are 0 (late dropout)
+    # the fraction of the budget before which the inner rates are 0 (late dropout)
+    inner_dropout_from: float = 0.0
     # the data
     vocab_size: int = 8000  # of the joint BPE tokenizer, multi30k_tokenizer(vocab_size)
     direction: str = "de-en"  # source-target languages: "de-en" or "en-de"
     train_subset: int | None = None  # train on the first N pairs only
-    max_sentence_len: int = 100  # drop training pairs with a side longer than this many tokens (was: max_len)
-    max_tokens: int = 4000  # padded tokens per batch, on each side (Sec 5.1); per process and micro-batch
-    length_bucket: int | None = None  # batches in a few fixed shapes, pairs grouped by length rounded up to this
+    # drop training pairs with a side longer than this many tokens (was: max_len)
+    max_sentence_len: int = 100
+    # padded tokens per batch, on each side (Sec 5.1); per process and micro-batch
+    max_tokens: int = 4000
+    # batches in a few fixed shapes, pairs grouped by length rounded up to this
+    length_bucket: int | None = None
     accum_steps: int = 1  # micro-batches whose gradients add up to one optimiser step
-    # your own parallel corpus instead of Multi30k (all four files or none): UTF-8, one sentence a line
+    # your own parallel corpus instead of Multi30k (all four files or none): UTF-8, one sentence a
+    # line
     train_src: str | None = None
     train_tgt: str | None = None
     val_src: str | None = None
@@ -56,17 +70,20 @@ class TrainConfig(ModelSettings):
     # the optimisation (Sec 5.3, 5.4)
     lr_factor: float = 1.0
     warmup: int = 800
-    cooldown: float = 0.0  # the last fraction of the budget, over which the rate falls linearly to 0 (0: Eq. 3 only)
+    # the last fraction of the budget, over which the rate falls linearly to 0 (0: Eq. 3 only)
+    cooldown: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_grad_norm: float | None = 1.0
-    # the length of the run: whichever limit comes first (epochs: the data seen; max_minutes: the clock)
+    # the length of the run: whichever limit comes first (epochs: the data seen; max_minutes: the
+    # clock)
     epochs: int = 1000
     max_steps: int | None = None
     max_minutes: float | None = 60.0
-    average_last: int = 5  # average the weights of the last k validation points at the end (1: no averaging)
+    # average the weights of the last k validation points at the end (1: no averaging)
+    average_last: int = 5
     # the machinery
     preset: str | None = None  # the preset the run was started from (from_preset records it)
     seed: int = 0
@@ -75,21 +92,27 @@ class TrainConfig(ModelSettings):
     compile: bool = False  # torch.compile the loss computation
     threads: int | None = None  # torch.set_num_threads for the run (None: PyTorch's default)
     log_every: int = 50  # steps between metrics records
-    checkpoint_every: int | None = None  # also checkpoint every this many steps (None: not by steps)
-    checkpoint_minutes: float | None = 10.0  # also checkpoint when this many minutes passed since the last one
-    # validation points (validate, keep the weights for averaging): every eval_epochs of data, eval_minutes or
+    # also checkpoint every this many steps (None: not by steps)
+    checkpoint_every: int | None = None
+    # also checkpoint when this many minutes passed since the last one
+    checkpoint_minutes: float | None = 10.0
+    # validation points (validate, keep the weights for averaging): every eval_epochs of data,
+    # eval_minutes or
     # eval_every steps if set, else at each epoch's end, which then also writes last.pt
     eval_epochs: float | None = None
     eval_minutes: float | None = None
     eval_every: int | None = None
-    snapshot_minutes: float | None = None  # keep the weights every this many minutes (a learning curve's points)
+    # keep the weights every this many minutes (a learning curve's points)
+    snapshot_minutes: float | None = None
 
     def __post_init__(self) -> None:
-        _check_train_config(self)  # the next cell: each field in its range, or a ValueError that names it
+        # the next cell: each field in its range, or a ValueError that names it
+        _check_train_config(self)
 
     @property
     def points_by_epoch(self) -> bool:
-        """Whether validation points (and a last.pt) come at each epoch's end, not by data, minutes or steps."""
+        """Whether validation points (and a last.pt) come at each epoch's end, not by data, minutes
+        or steps."""
         return self.eval_epochs is None and self.eval_minutes is None and self.eval_every is None
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
@@ -103,8 +126,8 @@ class TrainConfig(ModelSettings):
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        """A configuration from to_dict()'s output (of this version or an older one, whose renamed fields it
-        takes quietly); unknown fields raise ValueError."""
+        """A configuration from to_dict()'s output (of this version or an older one, whose renamed
+        fields it takes quietly); unknown fields raise ValueError."""
         values = renamed_fields(values, warn=False)
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(values) - set(names))
@@ -115,44 +138,82 @@ class TrainConfig(ModelSettings):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "TrainConfig":
-        """A preset ("tiny", "cpu", "colab" or "gpu") with some fields replaced, e.g. from_preset("cpu",
-        max_minutes=30); the configuration records the preset's name in `preset`."""
+        """A preset ("tiny", "cpu", "colab" or "gpu") with some fields replaced, e.g.
+        from_preset("cpu", max_minutes=30); the configuration records the preset's name in `preset`.
+        """
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], "preset": name, **renamed_fields(overrides)})
 
 # %% ../book/eng_configuration.ipynb #e0491563
 def _check_train_config(config: TrainConfig) -> None:
-    """ValueError, naming the field, for a value out of its range; the corpus fields as plain strings."""
+    """ValueError, naming the field, for a value out of its range; the corpus fields as plain
+    strings."""
     config.betas = tuple(float(b) for b in config.betas)
     _check_corpus_fields(config)
-    numbers = [(f.name, getattr(config, f.name)) for f in fields(config)] + [("betas", b) for b in config.betas]
+    numbers = [(f.name, getattr(config, f.name)) for f in fields(config)] + [
+        ("betas", b) for b in config.betas
+    ]
     for name, value in numbers:
-        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check below. Any
+        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check
+        # below. Any
         # number type (numpy's float32 is no float), so whatever converts to a float is checked.
-        if not isinstance(value, (str, bool)) and hasattr(value, "__float__") and not math.isfinite(float(value)):
+        if (
+            not isinstance(value, (str, bool))
+            and hasattr(value, "__float__")
+            and not math.isfinite(float(value))
+        ):
             raise ValueError(f"{name}={value} must be a finite number")
-    config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields, naming the one wrong
-    for name in ["vocab_size", "max_sentence_len", "max_tokens", "accum_steps", "warmup", "epochs", "average_last",
-                 "log_every"]:
+    # TransformerConfig checks the model's fields, naming the one wrong
+    config.model_config(config.vocab_size)
+    for name in [
+        "vocab_size",
+        "max_sentence_len",
+        "max_tokens",
+        "accum_steps",
+        "warmup",
+        "epochs",
+        "average_last",
+        "log_every",
+    ]:
         if getattr(config, name) < 1:
             raise ValueError(f"{name}={getattr(config, name)} must be at least 1")
-    for name in ["train_subset", "max_steps", "max_minutes", "clip_grad_norm", "lr_factor", "threads",
-                 "checkpoint_every", "checkpoint_minutes", "snapshot_minutes", "eval_epochs", "eval_minutes",
-                 "eval_every", "eps", "length_bucket"]:
+    for name in [
+        "train_subset",
+        "max_steps",
+        "max_minutes",
+        "clip_grad_norm",
+        "lr_factor",
+        "threads",
+        "checkpoint_every",
+        "checkpoint_minutes",
+        "snapshot_minutes",
+        "eval_epochs",
+        "eval_minutes",
+        "eval_every",
+        "eps",
+        "length_bucket",
+    ]:
         value = getattr(config, name)
         if value is not None and value <= 0:
-            raise ValueError(f"{name}={value} must be positive" + ("" if name in ("lr_factor", "eps") else " or None"))
+            raise ValueError(
+                f"{name}={value} must be positive"
+                + ("" if name in ("lr_factor", "eps") else " or None")
+            )
     if config.weight_decay < 0:
         raise ValueError(f"weight_decay={config.weight_decay} must be at least 0")
     if config.vocab_size < N_BASE:
-        raise ValueError(f"vocab_size={config.vocab_size} must be at least {N_BASE}: the tokenizer's special tokens "
-                         "and its 256 bytes come before any merge")
+        raise ValueError(
+            f"vocab_size={config.vocab_size} must be at least {N_BASE}: the tokenizer's special "
+            "tokens and its 256 bytes come before any merge"
+        )
     positions = TransformerConfig.max_len
     if config.max_sentence_len >= positions:
-        raise ValueError(f"max_sentence_len={config.max_sentence_len}: the model has {positions} positions and a "
-                         f"sentence takes one more for <eos> (or <bos>), so max_sentence_len can be at most "
-                         f"{positions - 1}")
+        raise ValueError(
+            f"max_sentence_len={config.max_sentence_len}: the model has {positions} positions and "
+            "a sentence takes one more for <eos> (or <bos>), so max_sentence_len can be at most "
+            f"{positions - 1}"
+        )
     for name in ["inner_dropout_from", "label_smoothing"]:
         if not 0.0 <= getattr(config, name) < 1.0:
             raise ValueError(f"{name}={getattr(config, name)} must be in [0, 1)")
@@ -162,23 +223,32 @@ def _check_train_config(config: TrainConfig) -> None:
     choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
     for name, allowed in choices.items():
         if getattr(config, name) not in allowed:
-            raise ValueError(f"{name}={getattr(config, name)!r} must be one of {', '.join(allowed)}")
+            raise ValueError(
+                f"{name}={getattr(config, name)!r} must be one of {', '.join(allowed)}"
+            )
+
 
 # %% ../book/eng_configuration.ipynb #00c2ad46
 # fields renamed since an earlier version: old name -> new name
-RENAMED = {"max_len": "max_sentence_len"}  # max_len read like TransformerConfig's positions, which it is not
+# max_len read like TransformerConfig's positions, which it is not
+RENAMED = {"max_len": "max_sentence_len"}
 
 
 def renamed_fields(values: dict[str, Any], warn: bool = True) -> dict[str, Any]:
-    """values with the fields RENAMED under their new names; warn (a FutureWarning) when a user typed an old name."""
+    """values with the fields RENAMED under their new names; warn (a FutureWarning) when a user
+    typed an old name."""
     out = dict(values)
     for old, new in RENAMED.items():
         if old in out:
             if new in out:
                 raise ValueError(f"{old} is the old name of {new}: give one of them")
             if warn:
-                warnings.warn(f"TrainConfig's {old} is now called {new}; the old name will go in a later version",
-                              FutureWarning, stacklevel=3)
+                warnings.warn(
+                    f"TrainConfig's {old} is now called {new}; the old name will go in a later "
+                    "version",
+                    FutureWarning,
+                    stacklevel=3,
+                )
             out[new] = out.pop(old)
     return out
 
@@ -203,12 +273,14 @@ _dataclass_init = TrainConfig.__init__
 
 @functools.wraps(_dataclass_init)
 def _init(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
-    _dataclass_init(self, *args, **renamed_fields(kwargs))  # TrainConfig(max_len=...) still works, with a warning
+    # TrainConfig(max_len=...) still works, with a warning
+    _dataclass_init(self, *args, **renamed_fields(kwargs))
 
 
 TrainConfig.__init__ = _init
 for _old in RENAMED:
     setattr(TrainConfig, _old, _old_name(_old))
+
 
 # %% ../book/eng_configuration.ipynb #9e423251
 CORPUS_FIELDS = ("train_src", "train_tgt", "val_src", "val_tgt")
@@ -224,29 +296,36 @@ def _check_corpus_fields(config: TrainConfig) -> None:
         missing = [name for name in CORPUS_FIELDS if name not in given]
         raise ValueError(f"{', '.join(CORPUS_FIELDS)} go together: {', '.join(missing)} missing")
     if config.corpus_sha256 is not None and not given:
-        raise ValueError("corpus_sha256 describes corpus files; set train_src, train_tgt, val_src and val_tgt")
+        raise ValueError("corpus_sha256 describes corpus files; "
+                         "set train_src, train_tgt, val_src and val_tgt")
 
 
+# %% ../book/eng_configuration.ipynb #14653fad
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(d_model=64, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=128, dropout=0.1,
-                 train_subset=3000, max_tokens=1500, warmup=100, epochs=2, max_minutes=None, average_last=1,
-                 log_every=10, amp="off"),
-    "cpu": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,
-                inner_dropout_from=0.5, max_tokens=2000, warmup=800, lr_factor=0.5, cooldown=0.4, epochs=1000,
-                max_minutes=60.0, average_last=5, snapshot_minutes=10.0, attention_init="packed"),
-    # a budget in data, 30 epochs, capped at 10 minutes; a validation point every 2 epochs (the section below)
-    "gpu": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1,
-                norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4, epochs=30, max_minutes=10.0,
-                average_last=5, log_every=10, eval_epochs=2.0, checkpoint_minutes=2.0),
+    "tiny": dict(d_model=64, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=128,
+                 dropout=0.1, train_subset=3000, max_tokens=1500, warmup=100, epochs=2,
+                 max_minutes=None, average_last=1, log_every=10, amp="off"),
+    "cpu": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
+                dropout=0.1, inner_dropout_from=0.5, max_tokens=2000, warmup=800, lr_factor=0.5,
+                cooldown=0.4, epochs=1000, max_minutes=60.0, average_last=5,
+                snapshot_minutes=10.0, attention_init="packed"),
+    # a budget in data, 30 epochs, capped at 10 minutes; a validation point every 2 epochs (the
+    # section below)
+    "gpu": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048,
+                dropout=0.1, norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4,
+                epochs=30, max_minutes=10.0, average_last=5, log_every=10, eval_epochs=2.0,
+                checkpoint_minutes=2.0),
 }
-# A GPU without bfloat16, such as Colab's free T4: the cpu preset's model and recipe for the 20 epochs its hour saw,
-# capped at half an hour, a validation point at each epoch's end and last.pt by the clock (the run folder may live on
-# a slow network drive).
-PRESETS["colab"] = {**PRESETS["cpu"], "epochs": 20, "max_minutes": 30.0, "eval_epochs": 1.0, "checkpoint_minutes": 2.0}
+# A GPU without bfloat16, such as Colab's free T4: the cpu preset's model and recipe for the 20
+# epochs its hour saw, capped at half an hour, a validation point at each epoch's end and last.pt
+# by the clock (the run folder may live on a slow network drive).
+PRESETS["colab"] = {**PRESETS["cpu"], "epochs": 20, "max_minutes": 30.0, "eval_epochs": 1.0,
+                    "checkpoint_minutes": 2.0}
+
 
 # %% ../book/eng_configuration.ipynb #66377c97
 def _did_you_mean(name: str, names: Sequence[str]) -> str:
-    """" (did you mean 'x'?)" for the closest of names, or "" when none is close."""
+    """ " (did you mean 'x'?)" for the closest of names, or "" when none is close."""
     close = difflib.get_close_matches(name, names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -266,13 +345,19 @@ def _parse_value(name: str, text: str, kind: Any) -> Any:
             return tuple(float(x) for x in text.split(","))
         return kind(text)
     except (KeyError, ValueError):
-        expected = "true or false" if kind is bool else "comma-separated numbers" if typing.get_origin(kind) is tuple \
+        expected = (
+            "true or false"
+            if kind is bool
+            else "comma-separated numbers"
+            if typing.get_origin(kind) is tuple
             else getattr(kind, "__name__", str(kind))
+        )
         raise ValueError(f"{name}={text!r}: expected {expected}") from None
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """Typed TrainConfig overrides from "key=value" strings, e.g. ["max_minutes=30", "amp=off", "max_steps=none"]."""
+    """Typed TrainConfig overrides from "key=value" strings, e.g. ["max_minutes=30", "amp=off",
+    "max_steps=none"]."""
     hints = typing.get_type_hints(TrainConfig)
     out: dict[str, Any] = {}
     for item in items:
@@ -281,7 +366,10 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not name:
             raise ValueError(f"override {item!r} is not of the form key=value")
         if RENAMED.get(name, name) not in hints:
-            raise ValueError(f"unknown setting {name!r}{_did_you_mean(name, hints)}; "
-                             f"the settings are TrainConfig's fields: {', '.join(hints)}")
+            raise ValueError(
+                f"unknown setting {name!r}{_did_you_mean(name, hints)}; "
+                f"the settings are TrainConfig's fields: {', '.join(hints)}"
+            )
         out[name] = _parse_value(name, text.strip(), hints[RENAMED.get(name, name)])
     return renamed_fields(out)  # an old name typed: a FutureWarning, and the new name
+

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from .checkpoints import CheckpointError, load_checkpoint
-from .checkpoints import _BUDGET_FIELDS, check_corpus, check_data_order, check_model_config
+from .checkpoints import _BUDGET_FIELDS, check_corpus, check_data_order
+from .checkpoints import check_model_config
 from .checkpoints import check_optimisation, check_resume
 from .config import CORPUS_FIELDS, TrainConfig, renamed_fields
 from .corpus import corpus_tokenizer, read_corpus
@@ -36,7 +37,8 @@ from .training_step import TrainingError
 # %% ../book/eng_training_runs.ipynb #074cd5a0
 @dataclass
 class TrainResult:
-    """What train returns: the trained (averaged) model, its tokenizer, the metrics history and the run folder."""
+    """What train returns: the trained (averaged) model, its tokenizer, the metrics history and the
+    run folder."""
 
     model: Transformer
     tokenizer: BPETokenizer
@@ -44,11 +46,14 @@ class TrainResult:
     out_dir: Path
 
 
+# %% ../book/eng_training_runs.ipynb #6e7334bf
 @contextmanager
 def _stop_on_signals() -> Iterator[list[int]]:
-    """While inside, SIGINT and SIGTERM only set a flag (the list's first item), so a step is never cut in half.
+    """While inside, SIGINT and SIGTERM only set a flag (the list's first item), so a step is never
+    cut in half.
 
-    A second SIGINT interrupts at once. Outside the main thread signals cannot be caught, and nothing changes.
+    A second SIGINT interrupts at once. Outside the main thread signals cannot be caught, and
+    nothing changes.
     """
     flag = [0]
 
@@ -70,55 +75,80 @@ def _stop_on_signals() -> Iterator[list[int]]:
 # %% ../book/eng_training_runs.ipynb #5d2a7dfd
 def resumed_config(out_dir: str | Path, **changes: Any) -> TrainConfig:
     """The configuration of the run in out_dir (its last.pt) with the changes named, e.g.
-    train(resumed_config(out, max_minutes=240), out, resume=True): a resume continues the run it finds."""
+    train(resumed_config(out, max_minutes=240), out, resume=True): a resume continues the run it
+    finds."""
     state = load_checkpoint(Path(out_dir) / "last.pt", mmap=True)  # the weights stay on the disk
     values = {**renamed_fields(state["train_config"], warn=False), **renamed_fields(changes)}
-    if any(name in CORPUS_FIELDS for name in changes):  # files named again: train checks their checksums
+    # files named again: train checks their checksums
+    if any(name in CORPUS_FIELDS for name in changes):
         values["corpus_sha256"] = None
     return TrainConfig.from_dict(values)
 
 
-def _check_resume(state: dict[str, Any], config: TrainConfig, last_path: Path, tokenizer: BPETokenizer | None,
-                  procs: Processes) -> list[str]:
-    """CheckpointError for a resume that would be another experiment (model, data, corpus, optimisation, loss);
-    else the changes it makes, as "field: old -> new"."""
+def _check_resume(
+    state: dict[str, Any],
+    config: TrainConfig,
+    last_path: Path,
+    tokenizer: BPETokenizer | None,
+    procs: Processes,
+) -> list[str]:
+    """CheckpointError for a resume that would be another experiment (model, data, corpus,
+    optimisation, loss); else the changes it makes, as "field: old -> new"."""
     # saved under older field names, or before a field existed (the run used its default)
     saved = {**TrainConfig().to_dict(), **renamed_fields(state["train_config"], warn=False)}
     if tokenizer is not None and tokenizer.to_dict() != state["tokenizer"]:
-        raise CheckpointError(f"{last_path} was trained with a different tokenizer than the one passed in")
+        raise CheckpointError(
+            f"{last_path} was trained with a different tokenizer than the one passed in"
+        )
     check_corpus(saved.get("corpus_sha256"), config.corpus_sha256, last_path)
     saved_model = state["model_config"]
-    try:  # a checkpoint written before a field existed was trained with its default, which from_dict fills in
+    # a checkpoint written before a field existed was trained with its default, which from_dict
+    # fills in
+    try:
         saved_model = TransformerConfig.from_dict(saved_model).to_dict()
     except ValueError:
         pass  # fields this version does not know: check_model_config names them
     vocab_size = BPETokenizer.from_dict(state["tokenizer"]).vocab_size
     check_model_config(saved_model, config.model_config(vocab_size).to_dict(), last_path)
-    check_data_order({**saved, "world_size": state.get("world_size", 1)},
-                     {**config.to_dict(), "world_size": procs.world_size}, last_path)
+    check_data_order(
+        {**saved, "world_size": state.get("world_size", 1)},
+        {**config.to_dict(), "world_size": procs.world_size},
+        last_path,
+    )
     check_optimisation(saved, config.to_dict(), last_path)
     return check_resume(saved, config.to_dict(), last_path)
 
 
 def _finished(state: dict[str, Any], config: TrainConfig, out: Path) -> dict[str, Any] | None:
-    """model.pt of the run in out when last.pt is where it finished: its budget is spent and model.pt is of that
-    step (a resume then has nothing to do, and must not replace the averaged model with the last weights)."""
-    spent = state["epoch"] >= config.epochs or (config.max_steps is not None and state["step"] >= config.max_steps) \
+    """model.pt of the run in out when last.pt is where it finished: its budget is spent and
+    model.pt is of that step (a resume then has nothing to do, and must not replace the averaged
+    model with the last weights)."""
+    spent = (
+        state["epoch"] >= config.epochs
+        or (config.max_steps is not None and state["step"] >= config.max_steps)
         or (config.max_minutes is not None and state["elapsed"] / 60 >= config.max_minutes)
+    )
     if not spent or not (out / "model.pt").exists():
         return None
     final = load_checkpoint(out / "model.pt")
     return final if final.get("step") == state["step"] else None
 
 
-def _prepare(config: TrainConfig, out: Path, state: dict[str, Any] | None, data_dir: str | Path | None,
-             tokenizer: BPETokenizer | None, procs: Processes,
-             corpus: tuple | None = None) -> tuple[BPETokenizer, tuple, tuple[int, int]]:
-    """The tokenizer, the encoded data, and the numbers of training and validation pairs before the pairs too long
-    for max_sentence_len (training) or the model's positions (validation) went."""
+def _prepare(
+    config: TrainConfig,
+    out: Path,
+    state: dict[str, Any] | None,
+    data_dir: str | Path | None,
+    tokenizer: BPETokenizer | None,
+    procs: Processes,
+    corpus: tuple | None = None,
+) -> tuple[BPETokenizer, tuple, tuple[int, int]]:
+    """The tokenizer, the encoded data, and the numbers of training and validation pairs before the
+    pairs too long for max_sentence_len (training) or the model's positions (validation) went."""
     if state is not None:
         tokenizer = BPETokenizer.from_dict(state["tokenizer"])
-    with procs.main_first():  # rank 0 builds and caches the tokenizer and the data; the others then read the cache
+    # rank 0 builds and caches the tokenizer and the data; the others then read the cache
+    with procs.main_first():
         if corpus is not None:  # the reader's own files, read and checked by read_corpus
             train_pairs, val_pairs = corpus[0][: config.train_subset], corpus[1]
             if tokenizer is None:
@@ -126,18 +156,25 @@ def _prepare(config: TrainConfig, out: Path, state: dict[str, Any] | None, data_
         else:
             if tokenizer is None:
                 tokenizer = multi30k_tokenizer(config.vocab_size, data_dir)
-            train_pairs = directed(load_multi30k("train", data_dir), config.direction)[: config.train_subset]
+            train_pairs = directed(load_multi30k("train", data_dir), config.direction)[
+                : config.train_subset
+            ]
             val_pairs = directed(load_multi30k("val", data_dir), config.direction)
     train_src, train_tgt = encode_pairs(train_pairs, tokenizer, config.max_sentence_len)
-    # validation keeps every pair that fits the model's positions: dropping more would change what it measures
+    # validation keeps every pair that fits the model's positions: dropping more would change what
+    # it measures
     positions = config.model_config(tokenizer.vocab_size).max_len
     val_src, val_tgt = encode_pairs(val_pairs, tokenizer, positions - 1)
     if not train_src:
-        raise TrainingError(f"no training pair is left: all {len(train_pairs)} have a side longer than "
-                            f"max_sentence_len={config.max_sentence_len} tokens; raise max_sentence_len")
+        raise TrainingError(
+            f"no training pair is left: all {len(train_pairs)} have a side longer than "
+            f"max_sentence_len={config.max_sentence_len} tokens; raise max_sentence_len"
+        )
     if not val_src:
-        raise TrainingError(f"no validation pair fits the model's {positions} positions, so the run could not be "
-                            "validated; check the validation files")
+        raise TrainingError(
+            f"no validation pair fits the model's {positions} positions, so the run could not be "
+            "validated; check the validation files"
+        )
     return tokenizer, (train_src, train_tgt, val_src, val_tgt), (len(train_pairs), len(val_pairs))
 
 
@@ -150,6 +187,7 @@ def _check_writable(out: Path) -> None:
     except OSError as err:
         raise OSError(err.errno, err.strerror, str(out)) from None
 
+
 # %% ../book/eng_training_runs.ipynb #bad89283
 def train(
     config: TrainConfig | None,
@@ -160,23 +198,27 @@ def train(
     tokenizer: BPETokenizer | None = None,
     model_factory: Callable[[TransformerConfig], nn.Module] = Transformer,
 ) -> TrainResult:
-    """Train a Transformer (or model_factory's model) on Multi30k (or on config's corpus files) as config says;
-    checkpoints, metrics.jsonl and model.pt go to out_dir.
+    """Train a Transformer (or model_factory's model) on Multi30k (or on config's corpus files) as
+    config says; checkpoints, metrics.jsonl and model.pt go to out_dir.
 
-    With resume=True it continues the run in out_dir from its last.pt: config None continues it as it was saved
-    (resumed_config changes some settings); each field in which config differs is printed as "field: old -> new",
-    and refused (CheckpointError, naming it) when it would make the run another experiment. A run that had
-    finished is left as it is. Files that cannot be written end the run at once with an OSError.
+    With resume=True it continues the run in out_dir from its last.pt: config None continues it as
+    it was saved (resumed_config changes some settings); each field in which config differs is
+    printed as "field: old -> new", and refused (CheckpointError, naming it) when it would make the
+    run another experiment. A run that had finished is left as it is. Files that cannot be written
+    end the run at once with an OSError.
 
-    Started by torchrun, it trains data-parallel: one process per device, rank 0 writing the files. The process's
-    thread count and TF32 setting are the run's while it trains, and come back as they were after it; on the CPU it
-    also keeps freed memory (keep_freed_memory), which stays for the rest of the process.
+    Started by torchrun, it trains data-parallel: one process per device, rank 0 writing the files.
+    The process's thread count and TF32 setting are the run's while it trains, and come back as they
+    were after it; on the CPU it also keeps freed memory (keep_freed_memory), which stays for the
+    rest of the process.
     """
     out = Path(out_dir)
     state = load_checkpoint(out / "last.pt") if resume else None
     if state is None and (out / "last.pt").exists():
-        raise CheckpointError(f"{out / 'last.pt'} already exists: pass resume=True to continue that run, or use a "
-                              "new out_dir")
+        raise CheckpointError(
+            f"{out / 'last.pt'} already exists: pass resume=True to continue that run, or use a "
+            "new out_dir"
+        )
     if config is None:
         if state is None:
             raise ValueError("train needs a config, unless it resumes a run (resume=True)")
@@ -192,45 +234,67 @@ def train(
             changes = _check_resume(state, config, out / "last.pt", tokenizer, procs)
             for change in changes if procs.main else []:
                 print(f"resuming with {change}")
-            if any(change.split(":")[0] in _BUDGET_FIELDS for change in changes) and procs.main and (
-                    config.cooldown > 0 or config.inner_dropout_from > 0):
+            if (
+                any(change.split(":")[0] in _BUDGET_FIELDS for change in changes)
+                and procs.main
+                and (config.cooldown > 0 or config.inner_dropout_from > 0)
+            ):
                 print("the cooldown and the late dropout follow the budget: they move with it")
             final = _finished(state, config, out)
             if final is not None:
                 if procs.main:
-                    print(f"{out} holds a finished run ({final['step']} steps, model.pt): nothing to train, and "
-                          "no file changed; to train on, resume with a larger budget (epochs, max_steps or "
-                          "max_minutes)")
+                    print(
+                        f"{out} holds a finished run ({final['step']} steps, model.pt): nothing to "
+                        "train, and no file changed; to train on, resume with a larger budget "
+                        "(epochs, max_steps or max_minutes)"
+                    )
                 model = model_factory(TransformerConfig.from_dict(final["model_config"]))
                 model.load_state_dict(final["model"])
-                return TrainResult(model.eval(), BPETokenizer.from_dict(final["tokenizer"]), final["history"], out)
+                return TrainResult(
+                    model.eval(), BPETokenizer.from_dict(final["tokenizer"]), final["history"], out
+                )
         check_runtime(procs.device, config.amp, config.compile)
         if procs.main:
             _check_writable(out)  # an unwritable folder stops the run before any work
         if procs.device.type == "cpu":
-            keep_freed_memory()  # more steps on a CPU (14% in the half hour): each step reuses the last one's memory
-        if procs.device.type == "cuda":  # float32 matrix products (amp=off) on the tensor cores, in TF32
+            # more steps on a CPU (14% in the half hour): each step reuses the last one's memory
+            keep_freed_memory()
+        # float32 matrix products (amp=off) on the tensor cores, in TF32
+        if procs.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         tokenizer, data, n_pairs = _prepare(config, out, state, data_dir, tokenizer, procs, corpus)
-        run = Trainer(config, out, tokenizer, procs, data, progress and procs.main, t0, model_factory)
+        run = Trainer(
+            config, out, tokenizer, procs, data, progress and procs.main, t0, model_factory
+        )
         if state is None:
-            run.history.append({"kind": "setup", "parameters": sum(p.numel() for p in run.model.parameters()),
-                                "train_pairs": len(data[0]), "dropped": n_pairs[0] - len(data[0]),
-                                "val_pairs": len(data[2]), "val_dropped": n_pairs[1] - len(data[2]),
-                                "device": str(procs.device),
-                                "amp": str(run.amp).replace("torch.", ""), "processes": procs.world_size})
+            run.history.append(
+                {
+                    "kind": "setup",
+                    "parameters": sum(p.numel() for p in run.model.parameters()),
+                    "train_pairs": len(data[0]),
+                    "dropped": n_pairs[0] - len(data[0]),
+                    "val_pairs": len(data[2]),
+                    "val_dropped": n_pairs[1] - len(data[2]),
+                    "device": str(procs.device),
+                    "amp": str(run.amp).replace("torch.", ""),
+                    "processes": procs.world_size,
+                }
+            )
             if corpus is not None:
-                run.history[0]["corpus"] = {name: {"path": getattr(config, name), "sha256": corpus[2][name]}
-                                            for name in CORPUS_FIELDS}
+                run.history[0]["corpus"] = {
+                    name: {"path": getattr(config, name), "sha256": corpus[2][name]}
+                    for name in CORPUS_FIELDS
+                }
         else:
             run.restore(state)
         if procs.main:
             write_metrics(run.out / "metrics.jsonl", run.history, mode="w")
         with _stop_on_signals() as signalled:
             run.fit(signalled)
-        if procs.main:  # averaging: no collective follows, so the other processes end without waiting for it
+        # averaging: no collective follows, so the other processes end without waiting for it
+        if procs.main:
             run.finish()
         run.model.eval()
         return TrainResult(run.model, tokenizer, run.history, run.out)
@@ -239,18 +303,34 @@ def train(
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
+
 # %% ../book/eng_training_runs.ipynb #3231b2ad
 def plot_losses(metrics_path: str | Path, ax: Any = None) -> Any:
-    """Training and validation loss against the step, from a metrics.jsonl file; returns the matplotlib Axes."""
+    """Training and validation loss against the step, from a metrics.jsonl file; returns the
+    matplotlib Axes."""
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in Path(metrics_path).read_text(encoding="utf-8").splitlines() if line]
+    records = [
+        json.loads(line)
+        for line in Path(metrics_path).read_text(encoding="utf-8").splitlines()
+        if line
+    ]
     train_records = [r for r in records if r["kind"] == "train"]
     val_records = [r for r in records if r["kind"] == "val"]
     if ax is None:
         ax = plt.subplots(figsize=(6, 4))[1]
-    ax.plot([r["step"] for r in train_records], [r["loss"] for r in train_records], label="training loss")
-    ax.plot([r["step"] for r in val_records], [r["val_loss"] for r in val_records], "o-", label="validation loss")
+    ax.plot(
+        [r["step"] for r in train_records],
+        [r["loss"] for r in train_records],
+        label="training loss",
+    )
+    ax.plot(
+        [r["step"] for r in val_records],
+        [r["val_loss"] for r in val_records],
+        "o-",
+        label="validation loss",
+    )
     ax.set(xlabel="step", ylabel="label-smoothed loss (KL, per token)", title="loss curves")
     ax.legend()
     return ax
+
