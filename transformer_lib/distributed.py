@@ -31,7 +31,8 @@ class Processes:
     rank: int = 0
     world_size: int = 1
     owns_group: bool = False  # this process started the process group, so it also ends it
-    host_group: Any = None  # a gloo group for numbers the host needs (NCCL's would wait for the GPU); None: the default
+    # a gloo group for numbers the host needs (NCCL's would wait for the GPU); None: the default
+    host_group: Any = None
     slow_group: Any = None  # a gloo group with a long timeout, for waiting while rank 0 alone works
 
     @property
@@ -45,8 +46,8 @@ class Processes:
             dist.all_reduce(values, group=group)
         except (RuntimeError, dist.DistBackendError) as err:
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ProcessFailure(f"rank {self.rank}: lost another process of the run ({reason}); its own "
-                                 "error message says why") from None
+            raise ProcessFailure(f"rank {self.rank}: lost another process of the run ({reason}); "
+                                 "its own error message says why") from None
         return values
 
     def all_reduce(self, values: torch.Tensor) -> torch.Tensor:
@@ -54,10 +55,12 @@ class Processes:
         return self._sum(values) if self.world_size > 1 else values
 
     def agree_on(self, numbers: list[float]) -> list[float]:
-        """The element-wise sum of `numbers` over all processes, exchanged between the hosts: no GPU waits for it."""
+        """The element-wise sum of `numbers` over all processes, exchanged between the hosts: no GPU
+        waits for it."""
         if self.world_size == 1:
             return numbers
-        return self._sum(torch.tensor(numbers, dtype=torch.float64), self.host_group).tolist()  # (N,) on the CPU
+        values = torch.tensor(numbers, dtype=torch.float64)  # (N,) on the CPU
+        return self._sum(values, self.host_group).tolist()
 
     def gather(self, obj: Any) -> list[Any]:
         """obj from every process, in rank order."""
@@ -68,13 +71,15 @@ class Processes:
         return objects
 
     def barrier(self) -> None:
-        """Wait until every process gets here, for as long as single-rank work may take (SLOW_WORK_HOURS)."""
+        """Wait until every process gets here, for as long as single-rank work may take
+        (SLOW_WORK_HOURS)."""
         if self.world_size > 1:
             dist.barrier(group=self.slow_group)
 
     @contextmanager
     def main_first(self) -> Iterator[None]:
-        """Rank 0 runs the block first (say, to build and cache the tokenizer), then the others do."""
+        """Rank 0 runs the block first (say, to build and cache the tokenizer), then the others
+        do."""
         if not self.main:
             self.barrier()
         yield
@@ -87,14 +92,16 @@ class Processes:
             dist.destroy_process_group()
 
 # %% ../book/eng_processes.ipynb #7b3fe0ea
-SLOW_WORK_HOURS = 6.0  # how long the other processes wait while rank 0 trains a tokenizer on a large corpus
+SLOW_WORK_HOURS = 6.0  # the others' wait while rank 0 trains a tokenizer on a large corpus
 
 
 def start_processes(device: str = "auto", timeout_minutes: float = 10.0) -> Processes:
-    """Join the process group that torchrun describes in WORLD_SIZE, RANK, LOCAL_RANK; alone without torchrun.
+    """Join the process group that torchrun describes in WORLD_SIZE, RANK, LOCAL_RANK; alone without
+    torchrun.
 
-    NCCL with one GPU per process (cuda:LOCAL_RANK) on CUDA, gloo on the CPU; timeout_minutes bounds the wait in
-    a training step's collectives, and SLOW_WORK_HOURS the wait at a barrier while rank 0 works alone.
+    NCCL with one GPU per process (cuda:LOCAL_RANK) on CUDA, gloo on the CPU; timeout_minutes bounds
+    the wait in a training step's collectives, and SLOW_WORK_HOURS the wait at a barrier while rank
+    0 works alone.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     where = resolve_device(device)
@@ -103,8 +110,9 @@ def start_processes(device: str = "auto", timeout_minutes: float = 10.0) -> Proc
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if where.type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise UnsupportedSetting(f"LOCAL_RANK={local_rank}, but this machine has {torch.cuda.device_count()} "
-                                     "GPU(s): start at most one process per GPU")
+            raise UnsupportedSetting(f"LOCAL_RANK={local_rank}, but this machine has "
+                                     f"{torch.cuda.device_count()} GPU(s): start at most one "
+                                     "process per GPU")
         where = torch.device("cuda", local_rank)
         torch.cuda.set_device(where)
     owns = not dist.is_initialized()
@@ -115,13 +123,13 @@ def start_processes(device: str = "auto", timeout_minutes: float = 10.0) -> Proc
     slow = dist.new_group(backend="gloo", timeout=timedelta(hours=SLOW_WORK_HOURS))
     return Processes(where, dist.get_rank(), dist.get_world_size(), owns, host, slow)
 
-
+# %% ../book/eng_processes.ipynb #5833d573
 def step_shard(batches: Sequence[Sequence[int]], position: int, world_size: int, accum_steps: int,
                rank: int) -> list[Sequence[int]]:
     """This process's micro-batches of the step that starts at batches[position].
 
-    A step takes world_size * accum_steps consecutive batches; rank r takes accum_steps of them, from
-    position + r * accum_steps on, so every process gets the same number.
+    A step takes world_size * accum_steps consecutive batches; rank r takes accum_steps of them,
+    from position + r * accum_steps on, so every process gets the same number.
     """
     first = position + rank * accum_steps
     return list(batches[first : first + accum_steps])

@@ -30,7 +30,8 @@ def mps_available() -> bool:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """"auto" -> CUDA when present, else an Apple GPU (mps), else the CPU; "cpu", "cuda", "cuda:1", "mps" as named."""
+    """"auto" -> CUDA when present, else an Apple GPU (mps), else the CPU; "cpu", "cuda", "cuda:1",
+    "mps" as named."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -38,37 +39,40 @@ def resolve_device(device: str = "auto") -> torch.device:
     try:
         return torch.device(device)
     except RuntimeError:
-        raise UnsupportedSetting(f"device={device!r} is not a device PyTorch knows; use auto, cpu, cuda, cuda:N "
-                                 "or mps") from None
+        raise UnsupportedSetting(f"device={device!r} is not a device PyTorch knows; use auto, cpu, "
+                                 "cuda, cuda:N or mps") from None
 
-
+# %% ../book/eng_devices.ipynb #27d7a159
 def check_device(device: torch.device) -> None:
-    """Refuse a device this machine does not have: no CUDA, a GPU index past the last GPU, no mps, another kind."""
+    """Refuse a device this machine does not have: no CUDA, a GPU index past the last GPU, no mps,
+    another kind."""
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise UnsupportedSetting(f"device={device}: this PyTorch sees no CUDA device; use device=auto or "
-                                     "device=cpu")
+            raise UnsupportedSetting(f"device={device}: this PyTorch sees no CUDA device; "
+                                     "use device=auto or device=cpu")
         if device.index is not None and device.index >= count:
             raise UnsupportedSetting(f"device={device}: this machine has {count} GPU(s), cuda:0 to "
                                      f"cuda:{count - 1}; use one of those")
     elif device.type == "mps":
         if not mps_available():
-            raise UnsupportedSetting(f"device={device}: this PyTorch sees no Apple GPU; use device=auto or "
-                                     "device=cpu")
+            raise UnsupportedSetting(f"device={device}: this PyTorch sees no Apple GPU; "
+                                     "use device=auto or device=cpu")
     elif device.type != "cpu":
         raise UnsupportedSetting(f"device={device}: the library runs on cpu, cuda or mps")
 
 # %% ../book/eng_devices.ipynb #b2f16896
 def amp_for_capability(capability: tuple[int, int] | None) -> torch.dtype | None:
-    """amp="auto"'s choice for a CUDA compute capability (None: not a GPU): bf16 from Ampere (8.0) on, else fp16."""
+    """amp="auto"'s choice for a CUDA compute capability (None: not a GPU): bf16 from Ampere (8.0)
+    on, else fp16."""
     if capability is None:
         return None
     return torch.bfloat16 if capability >= (8, 0) else torch.float16
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 products in hardware (AVX-512 BF16 or AMX on x86, BF16 on Arm)."""
+    """Whether this CPU computes bfloat16 products in hardware (AVX-512 BF16 or AMX on x86, BF16 on
+    Arm)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a build without oneDNN: no fast bfloat16 either
@@ -76,32 +80,34 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype. "auto": bf16 on GPUs and CPUs with native bf16, fp16 (with loss scaling) on older GPUs,
-    none (float32) on other CPUs and on Apple GPUs."""
+    """The autocast dtype. "auto": bf16 on GPUs and CPUs with native bf16, fp16 (with loss scaling)
+    on older GPUs, none (float32) on other CPUs and on Apple GPUs."""
     if amp == "auto":
         if device.type == "cuda":
             return amp_for_capability(torch.cuda.get_device_capability(device))
         return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else None
     return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
 
-
+# %% ../book/eng_devices.ipynb #83b08b21
 def machine_preset(device: str = "auto") -> str:
-    """The preset that fits this machine: "gpu" on a CUDA GPU that computes bfloat16, "colab" on an older one
-    (Colab's free T4), "cpu" elsewhere (an Apple GPU included)."""
+    """The preset that fits this machine: "gpu" on a CUDA GPU that computes bfloat16, "colab" on an
+    older one (Colab's free T4), "cpu" elsewhere (an Apple GPU included)."""
     dev = resolve_device(device)
     if dev.type != "cuda":
         return "cpu"
-    return "gpu" if amp_for_capability(torch.cuda.get_device_capability(dev)) == torch.bfloat16 else "colab"
+    bf16 = amp_for_capability(torch.cuda.get_device_capability(dev)) == torch.bfloat16
+    return "gpu" if bf16 else "colab"
 
-
+# %% ../book/eng_devices.ipynb #9dd7a41a
 def check_runtime(device: torch.device, amp: str = "off", compile: bool = False) -> None:
-    """Refuse up front a missing device, an autocast dtype the device lacks, or torch.compile without Dynamo."""
+    """Refuse up front a missing device, an autocast dtype the device lacks, or torch.compile
+    without Dynamo."""
     check_device(device)
     dtype = resolve_amp(amp, device)
     if dtype is not None:
         name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
         ones = torch.ones(2, 2, device=device)  # (2, 2)
-        with warnings.catch_warnings():  # an unsupported dtype only warns, and autocast then does nothing
+        with warnings.catch_warnings():  # an unsupported dtype warns, and autocast does nothing
             warnings.simplefilter("ignore")
             try:
                 with torch.autocast(device.type, dtype=dtype):
@@ -109,18 +115,19 @@ def check_runtime(device: torch.device, amp: str = "off", compile: bool = False)
             except RuntimeError:
                 supported = False
         if not supported:
-            raise UnsupportedSetting(f"amp={name}: PyTorch {torch.__version__} has no {name} autocast on "
-                                     f"{device.type}; use amp=off")
+            raise UnsupportedSetting(f"amp={name}: PyTorch {torch.__version__} has no {name} "
+                                     f"autocast on {device.type}; use amp=off")
         if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_native_bf16():
-            warnings.warn("amp=bf16: this CPU has no bfloat16 instructions, so PyTorch emulates them and a training "
-                          "step can take many times as long as in float32; amp=auto chooses for you", stacklevel=2)
+            warnings.warn("amp=bf16: this CPU has no bfloat16 instructions, so PyTorch emulates "
+                          "them and a training step can take many times as long as in float32; "
+                          "amp=auto chooses for you", stacklevel=2)
     if compile:
         from torch import _dynamo  # imported only when asked for: it takes a few seconds
-
         if not _dynamo.is_dynamo_supported():
             version = ".".join(map(str, sys.version_info[:2]))
-            raise UnsupportedSetting(f"compile=True: torch.compile does not support Python {version} with PyTorch "
-                                     f"{torch.__version__}; set compile=False")
+            raise UnsupportedSetting(f"compile=True: torch.compile does not support Python "
+                                     f"{version} with PyTorch {torch.__version__}; "
+                                     "set compile=False")
 
 # %% ../book/eng_devices.ipynb #ce26e979
 def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
@@ -129,14 +136,16 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContext
 
 
 def training_attention(device: torch.device) -> AbstractContextManager:
-    """The attention kernels for training steps: on the CPU only the math kernel, whose backward pass is faster
-    there than the flash kernel's for sentences as short as these (it matters when the attention weights have no
-    dropout: dropout rules the flash kernel out anyway; benchmarks/dropout_speed.py measures it)."""
+    """The attention kernels for training steps: on the CPU only the math kernel, whose backward
+    pass is faster there than the flash kernel's for sentences as short as these (it matters when
+    the attention weights have no dropout: dropout rules the flash kernel out anyway;
+    benchmarks/dropout_speed.py measures it)."""
     return sdpa_kernel([SDPBackend.MATH]) if device.type == "cpu" else nullcontext()
 
-
+# %% ../book/eng_devices.ipynb #273ab193
 def rng_state(device: torch.device) -> dict[str, Any]:
-    """The states of every random number generator training draws from: the CPU's, Python's, and the device's."""
+    """The states of every random number generator training draws from: the CPU's, Python's, and the
+    device's."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if device.type == "cuda":  # this process's GPU only: a resume may see fewer or other GPUs
         state["cuda"] = torch.cuda.get_rng_state(device)
@@ -146,7 +155,8 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Restore the states captured by rng_state on `device`; a state of another kind of device is left out."""
+    """Restore the states captured by rng_state on `device`; a state of another kind of device is
+    left out."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
@@ -160,10 +170,12 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 
 # %% ../book/eng_devices.ipynb #000bef73
 def keep_freed_memory(limit: int = 1 << 30) -> bool:
-    """Let glibc's malloc keep up to `limit` bytes of freed memory for reuse, instead of handing large blocks back
-    to the system at every free; True if set (Linux with glibc), False elsewhere, where nothing changes."""
+    """Let glibc's malloc keep up to `limit` bytes of freed memory for reuse, instead of handing
+    large blocks back to the system at every free; True if set (Linux with glibc), False elsewhere,
+    where nothing changes."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers, from glibc's malloc.h
+    # mallopt's parameter numbers, from glibc's malloc.h
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
     return bool(mallopt(M_MMAP_THRESHOLD, limit)) and bool(mallopt(M_TRIM_THRESHOLD, limit))
