@@ -62,26 +62,13 @@ def write_lines(lines: Sequence[str], out: BinaryIO | TextIO) -> None:
 # %% ../book/appendix_b_command_line.ipynb #5f412437
 def add_decoding_options(p: argparse.ArgumentParser) -> None:
     """The options evaluate and translate share: --beam, --batch-size, --device."""
-    p.add_argument(
-        "--beam",
-        type=int,
-        default=4,
-        metavar="K",
-        help="beam size; 1 means greedy decoding (default: 4)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=128,
-        metavar="N",
-        help="sentences decoded together (default: 128)",
-    )
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="cpu, cuda, cuda:1, ..., mps (default: auto = cuda, else mps, when available)",
-    )
-
+    p.add_argument("--beam", type=int, default=4, metavar="K",
+                   help="beam size; 1 means greedy decoding (default: 4)")
+    p.add_argument("--batch-size", type=int, default=128, metavar="N",
+                   help="sentences decoded together (default: 128)")
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:1, ..., mps (default: auto = cuda, else mps, when "
+                        "available)")
 
 # %% ../book/appendix_b_command_line.ipynb #3d665c59
 def build_parser() -> argparse.ArgumentParser:
@@ -91,75 +78,41 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train, evaluate and use the German-to-English Transformer of the book.",
         epilog="Run `transformer-lib COMMAND --help` for the options of a command. Exit codes: 0 "
                "success, 1 unusable input (files, data), 2 wrong usage or unusable checkpoint, 130 "
-               "interrupted.",
-    )
+               "interrupted.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(
-        "train",
-        help="train a model on Multi30k or on your own parallel corpus",
+        "train", help="train a model on Multi30k or on your own parallel corpus",
         description="Train a Transformer on Multi30k (or on your own corpus: --train and --val) "
                     "with a preset of the engineering part. Checkpoints, metrics.jsonl and the "
                     "final model.pt go to the output folder. Under `torchrun --nproc_per_node=N` "
-                    "it trains data-parallel with N processes.",
-    )
-    p.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default=None,
-        help="model size and budget: tiny (a smoke test, minutes), cpu (60 minutes on a laptop), "
-             "gpu (30 epochs on a GPU with bfloat16, at most 10 minutes), colab (20 epochs on an "
-             "older GPU such as a T4, at most 30 minutes); default: the machine's (machine_preset)",
-    )
-    p.add_argument(
-        "--out", metavar="DIR", default=None, help="folder for the run (default: runs/PRESET)"
-    )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out from its last checkpoint, with its own settings (--set "
-        "changes the ones it names; starts a new run if there is none)",
-    )
-    p.add_argument(
-        "--set",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        dest="overrides",
-        help="change one setting of the preset, e.g. --set max_minutes=30 --set amp=off "
-        "(any TrainConfig field; repeat for several)",
-    )
-    p.add_argument(
-        "--data-dir",
-        metavar="DIR",
-        default=None,
-        help="folder with the Multi30k files (default: $TRANSFORMER_LIB_DATA, else download to "
-        "the cache)",
-    )
-    p.add_argument(
-        "--train",
-        nargs=2,
-        metavar=("SRC", "TGT"),
-        default=None,
-        dest="train_files",
-        help="train on your own parallel corpus instead of Multi30k: two UTF-8 files of one "
-             "sentence a line, line i of TGT translating line i of SRC (needs --val); the "
-             "tokenizer is trained on them, and the run records their SHA-256 checksums",
-    )
-    p.add_argument(
-        "--val",
-        nargs=2,
-        metavar=("SRC", "TGT"),
-        default=None,
-        dest="val_files",
-        help="the validation files of your corpus, as --train's",
-    )
-    p.add_argument(
-        "--device",
-        default=None,
-        help="cpu, cuda, cuda:1, ..., mps (default: the preset's, auto = cuda, else mps, when "
-             "available; under torchrun each process takes cuda:LOCAL_RANK)",
-    )
+                    "it trains data-parallel with N processes.")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="model size and budget: tiny (a smoke test, minutes), cpu (60 minutes on a "
+                        "laptop), gpu (30 epochs on a GPU with bfloat16, at most 10 minutes), "
+                        "colab (20 epochs on an older GPU such as a T4, at most 30 minutes); "
+                        "default: the machine's (machine_preset)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="folder for the run (default: runs/PRESET)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint, with its own settings "
+                        "(--set changes the ones it names; starts a new run if there is none)")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
+                   help="change one setting of the preset, e.g. --set max_minutes=30 --set amp=off "
+                        "(any TrainConfig field; repeat for several)")
+    p.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="folder with the Multi30k files (default: $TRANSFORMER_LIB_DATA, else "
+                        "download to the cache)")
+    p.add_argument("--train", nargs=2, metavar=("SRC", "TGT"), default=None, dest="train_files",
+                   help="train on your own parallel corpus instead of Multi30k: two UTF-8 files of "
+                        "one sentence a line, line i of TGT translating line i of SRC (needs "
+                        "--val); the tokenizer is trained on them, and the run records their "
+                        "SHA-256 checksums")
+    p.add_argument("--val", nargs=2, metavar=("SRC", "TGT"), default=None, dest="val_files",
+                   help="the validation files of your corpus, as --train's")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1, ..., mps (default: the preset's, auto = cuda, else "
+                        "mps, when available; under torchrun each process takes cuda:LOCAL_RANK)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run_train)
 
@@ -168,83 +121,49 @@ def build_parser() -> argparse.ArgumentParser:
         "$TRANSFORMER_LIB_CHECKPOINT, else the book's model that ships with the package)"
     )
     p = commands.add_parser(
-        "evaluate",
-        help="BLEU of a trained model on a Multi30k split or on files",
+        "evaluate", help="BLEU of a trained model on a Multi30k split or on files",
         description="Translate a test set and score it with sacreBLEU: cased and detokenized (the "
-                    "main score), lower-cased beside it, and the signatures.",
-    )
-    p.add_argument(
-        "-c",
-        "--checkpoint",
-        metavar="PATH",
-        default=os.environ.get("TRANSFORMER_LIB_CHECKPOINT"),
-        help=checkpoint_help,
-    )
-    p.add_argument(
-        "--split",
-        choices=SPLITS,
-        default="test2016",
-        help="the Multi30k split to score (default: test2016); ignored with --src and --ref",
-    )
-    p.add_argument(
-        "--src", metavar="FILE", help="score translations of this file (a sentence a line) ..."
-    )
-    p.add_argument(
-        "--ref", metavar="FILE", help="... against the references in this file (as many lines)"
-    )
+                    "main score), lower-cased beside it, and the signatures.")
+    p.add_argument("-c", "--checkpoint", metavar="PATH",
+                   default=os.environ.get("TRANSFORMER_LIB_CHECKPOINT"), help=checkpoint_help)
+    p.add_argument("--split", choices=SPLITS, default="test2016",
+                   help="the Multi30k split to score (default: test2016); ignored with --src and "
+                        "--ref")
+    p.add_argument("--src", metavar="FILE",
+                   help="score translations of this file (a sentence a line) ...")
+    p.add_argument("--ref", metavar="FILE",
+                   help="... against the references in this file (as many lines)")
     add_decoding_options(p)
-    p.add_argument(
-        "--data-dir",
-        metavar="DIR",
-        default=None,
-        help="folder with the Multi30k files (default: $TRANSFORMER_LIB_DATA, else download to "
-        "the cache)",
-    )
-    p.add_argument(
-        "-o", "--output", metavar="FILE", help="also write the translations to this file"
-    )
+    p.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="folder with the Multi30k files (default: $TRANSFORMER_LIB_DATA, else "
+                        "download to the cache)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="also write the translations to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run_evaluate)
 
     p = commands.add_parser(
-        "translate",
-        help="translate sentences (arguments, a file or standard input)",
+        "translate", help="translate sentences (arguments, a file or standard input)",
         description="Translate German sentences into English. Sentences come from the arguments, "
                     "else from --input, else from standard input, one per line. Output: one line "
                     "per input line, empty for empty; text is UTF-8 (invalid bytes become U+FFFD "
                     "with a warning); sentences longer than the model's positions are truncated "
-                    "with a warning.",
-    )
-    p.add_argument(
-        "sentences", nargs="*", metavar="SENTENCE", help="sentences to translate (quote each one)"
-    )
-    p.add_argument(
-        "-c",
-        "--checkpoint",
-        metavar="PATH",
-        default=os.environ.get("TRANSFORMER_LIB_CHECKPOINT"),
-        help=checkpoint_help,
-    )
-    p.add_argument(
-        "-i", "--input", metavar="FILE", help="read sentences from this file, not standard input"
-    )
-    p.add_argument(
-        "-o", "--output", metavar="FILE", help="write the translations to this file, not stdout"
-    )
+                    "with a warning.")
+    p.add_argument("sentences", nargs="*", metavar="SENTENCE",
+                   help="sentences to translate (quote each one)")
+    p.add_argument("-c", "--checkpoint", metavar="PATH",
+                   default=os.environ.get("TRANSFORMER_LIB_CHECKPOINT"), help=checkpoint_help)
+    p.add_argument("-i", "--input", metavar="FILE",
+                   help="read sentences from this file, not standard input")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the translations to this file, not stdout")
     add_decoding_options(p)
-    p.add_argument(
-        "--max-len",
-        type=int,
-        default=None,
-        metavar="N",
-        help="at most N output tokens per sentence (default: source length + 50)",
-    )
-    p.add_argument(
-        "--quiet", action="store_true", help="no progress bar when translating a file or stdin"
-    )
+    p.add_argument("--max-len", type=int, default=None, metavar="N",
+                   help="at most N output tokens per sentence (default: source length + 50)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar when translating a file or stdin")
     p.set_defaults(run=run_translate)
     return parser
-
 
 # %% ../book/appendix_b_command_line.ipynb #bf3d7729
 def positive(name: str, value: int | None) -> None:
@@ -259,9 +178,8 @@ def device_option(device: str) -> torch.device:
     try:
         where = resolve_device(device)
     except UnsupportedSetting:
-        raise CommandError(
-            f"--device {device}: not a device; use auto, cpu, cuda, cuda:N or mps", EXIT_USAGE
-        ) from None
+        raise CommandError(f"--device {device}: not a device; use auto, cpu, cuda, cuda:N or mps",
+                           EXIT_USAGE) from None
     try:
         check_device(where)
     except UnsupportedSetting as err:
@@ -277,11 +195,8 @@ def writable_output(path: str | None) -> None:
     folder = Path(path).parent
     if not folder.is_dir():
         raise CommandError(f"cannot write {path}: the folder {folder} does not exist", EXIT_USAGE)
-    if (
-        Path(path).is_dir()
-        or not os.access(folder, os.W_OK)
-        or (Path(path).exists() and not os.access(path, os.W_OK))
-    ):
+    if (Path(path).is_dir() or not os.access(folder, os.W_OK)
+            or (Path(path).exists() and not os.access(path, os.W_OK))):
         raise CommandError(f"cannot write {path}: not a writable file", EXIT_USAGE)
 
 
@@ -291,59 +206,45 @@ def load_translator(args: argparse.Namespace) -> Translator:
     if not args.checkpoint:
         return load_pretrained(device_option(args.device))
     if not Path(args.checkpoint).exists():
-        raise CommandError(
-            f"no checkpoint at {args.checkpoint}: train one with `transformer-lib train`, or "
-            "check the path",
-            EXIT_USAGE,
-        )
+        raise CommandError(f"no checkpoint at {args.checkpoint}: train one with `transformer-lib "
+                           "train`, or check the path", EXIT_USAGE)
     return Translator.from_checkpoint(args.checkpoint, device_option(args.device))
-
 
 # %% ../book/appendix_b_command_line.ipynb #cb23a0f6
 def run_train(args: argparse.Namespace) -> int:
     """`transformer-lib train`: train (or resume) a run and report where the model went."""
     if (args.train_files is None) != (args.val_files is None):
-        raise CommandError(
-            "--train and --val go together: a corpus needs training and validation files",
-            EXIT_USAGE,
-        )
+        raise CommandError("--train and --val go together: a corpus needs training and validation "
+                           "files", EXIT_USAGE)
     preset = args.preset or machine_preset()
     out = Path(args.out or Path("runs") / preset)
     resume = args.resume and (out / "last.pt").exists()
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, only rank 0 reports
     if args.resume and not resume and main_process:
-        print(
-            f"--resume: {out} holds no last.pt to resume, so this starts a new run there",
-            file=sys.stderr,
-        )
+        print(f"--resume: {out} holds no last.pt to resume, so this starts a new run there",
+              file=sys.stderr)
     if not resume and (out / "last.pt").exists():
-        raise CommandError(
-            f"{out} already holds a run: add --resume to continue it, or choose another --out",
-            EXIT_USAGE,
-        )
+        raise CommandError(f"{out} already holds a run: add --resume to continue it, or choose "
+                           "another --out", EXIT_USAGE)
     # imported here: translating and evaluating never load the trainer
     from transformer_lib.distributed import ProcessFailure
     from transformer_lib.loop import resumed_config, train
     from transformer_lib.trainer import TrainingError
 
-    changes = (
-        dict(zip(CORPUS_FIELDS, args.train_files + args.val_files)) if args.train_files else {}
-    )
+    changes = (dict(zip(CORPUS_FIELDS, args.train_files + args.val_files)) if args.train_files
+               else {})
     # a resume continues the run it finds: its saved settings, with only what --set states again
     # changed
     try:
         changes = {**parse_overrides(args.overrides), **changes}
-        config = (
-            resumed_config(out, **changes) if resume else TrainConfig.from_preset(preset, **changes)
-        )
+        config = (resumed_config(out, **changes) if resume
+                  else TrainConfig.from_preset(preset, **changes))
     except ValueError as err:
         raise CommandError(f"--set: {err}", EXIT_USAGE) from None
     if resume and args.preset is not None and args.preset != config.preset:
-        raise CommandError(
-            f"--preset {args.preset}: the run in {out} was started from preset {config.preset!r}; "
-            "leave --preset out to resume it, or start a new run in another folder",
-            EXIT_USAGE,
-        )
+        raise CommandError(f"--preset {args.preset}: the run in {out} was started from preset "
+                           f"{config.preset!r}; leave --preset out to resume it, or start a new "
+                           "run in another folder", EXIT_USAGE)
     if args.device is not None:
         # under torchrun each process takes cuda:LOCAL_RANK
         if os.environ.get("WORLD_SIZE", "1") == "1":
@@ -352,22 +253,17 @@ def run_train(args: argparse.Namespace) -> int:
             try:
                 resolve_device(args.device)
             except UnsupportedSetting:
-                raise CommandError(
-                    f"--device {args.device}: not a device; use auto, cpu, cuda, cuda:N or mps",
-                    EXIT_USAGE,
-                ) from None
+                raise CommandError(f"--device {args.device}: not a device; use auto, cpu, cuda, "
+                                   "cuda:N or mps", EXIT_USAGE) from None
         config.device = args.device
     if main_process:
-        print(
-            f"resuming the run in {out}" if resume else f"training preset {preset!r} into {out}",
-            file=sys.stderr,
-        )
+        print(f"resuming the run in {out}" if resume else f"training preset {preset!r} into {out}",
+              file=sys.stderr)
     try:
         result = train(config, out, resume=resume, data_dir=args.data_dir, progress=not args.quiet)
     except UnsupportedSetting as err:
-        option = (
-            "--device" if args.device is not None and str(err).startswith("device=") else "--set"
-        )
+        option = ("--device" if args.device is not None and str(err).startswith("device=")
+                  else "--set")
         raise CommandError(f"{option}: {err}", EXIT_USAGE) from None
     except TrainingError as err:  # no data fits the settings, or the loss stopped being finite
         raise CommandError(str(err), EXIT_USAGE) from None
@@ -375,31 +271,24 @@ def run_train(args: argparse.Namespace) -> int:
         raise CommandError(str(err), EXIT_INPUT) from None
     # an unwritable --out, a full disk, a drive gone: one line, whenever it happens
     except OSError as err:
-        raise CommandError(
-            f"cannot write {err.filename or out}: {err.strerror or err}", EXIT_INPUT
-        ) from None
+        raise CommandError(f"cannot write {err.filename or out}: {err.strerror or err}",
+                           EXIT_INPUT) from None
     except KeyboardInterrupt:
         if main_process and (out / "last.pt").exists():
-            print(
-                f"interrupted: {out / 'last.pt'} holds the run; continue it with --resume",
-                file=sys.stderr,
-            )
+            print(f"interrupted: {out / 'last.pt'} holds the run; continue it with --resume",
+                  file=sys.stderr)
         raise
     if not main_process:
         return EXIT_OK
-    kept = [
-        r for r in result.history if r["kind"] == "val" or (r["kind"] == "averaged" and r["kept"])
-    ]
+    kept = [r for r in result.history
+            if r["kind"] == "val" or (r["kind"] == "averaged" and r["kept"])]
     last = kept[-1]  # the model in model.pt: the average only when it validated better
     minutes = max(r.get("minutes", 0.0) for r in result.history)
     overhead = [r for r in result.history if r["kind"] == "overhead"][-1]
-    print(
-        f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss "
-        f"{last['val_loss']:.3f}, {overhead['share']:.1%} of the time outside training steps; "
-        f"model in {out / 'model.pt'}"
-    )
+    print(f"done: {last['step']} steps, {minutes:.1f} minutes, validation loss "
+          f"{last['val_loss']:.3f}, {overhead['share']:.1%} of the time outside training steps; "
+          f"model in {out / 'model.pt'}")
     return EXIT_OK
-
 
 # %% ../book/appendix_b_command_line.ipynb #f333bd82
 def run_evaluate(args: argparse.Namespace) -> int:
@@ -407,15 +296,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     positive("--beam", args.beam)
     positive("--batch-size", args.batch_size)
     if (args.src is None) != (args.ref is None):
-        raise CommandError(
-            "--src and --ref go together: give both files, or neither to use --split", EXIT_USAGE
-        )
+        raise CommandError("--src and --ref go together: give both files, or neither to use "
+                           "--split", EXIT_USAGE)
     if args.src is not None:
         sources, references = read_file(args.src), read_file(args.ref)
         if len(sources) != len(references):
-            raise CommandError(
-                f"{args.src} has {len(sources)} lines but {args.ref} has {len(references)}"
-            )
+            raise CommandError(f"{args.src} has {len(sources)} lines but {args.ref} has "
+                               f"{len(references)}")
         name = f"{args.src} against {args.ref}"
     else:
         pairs = load_multi30k(args.split, args.data_dir)
@@ -426,21 +313,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.src is None:
         pairs = directed(pairs, translator.info.get("train_config", {}).get("direction", "de-en"))
         sources, references = [s for s, _ in pairs], [r for _, r in pairs]
-    scores = evaluate_bleu(
-        translator, list(zip(sources, references)), args.beam, args.batch_size, not args.quiet
-    )
+    scores = evaluate_bleu(translator, list(zip(sources, references)), args.beam,
+                           args.batch_size, not args.quiet)
     if args.output:
         with open(args.output, "wb") as f:
             write_lines(scores["hypotheses"], f)
     decoding = "greedy decoding" if args.beam == 1 else f"beam {args.beam}"
     print(f"{name}, {len(sources)} sentences, {decoding}")
     print(f"BLEU (cased, detokenized) = {scores['cased']:.2f}  signature: {scores['signature']}")
-    print(
-        f"BLEU (lowercased)         = {scores['lowercase']:.2f}  signature: "
-        f"{scores['signature_lowercase']}"
-    )
+    print(f"BLEU (lowercased)         = {scores['lowercase']:.2f}  signature: "
+          f"{scores['signature_lowercase']}")
     return EXIT_OK
-
 
 # %% ../book/appendix_b_command_line.ipynb #47f01d30
 def run_translate(args: argparse.Namespace) -> int:
@@ -453,28 +336,20 @@ def run_translate(args: argparse.Namespace) -> int:
     writable_output(args.output)
     translator = load_translator(args)
     if args.max_len is not None and args.max_len > translator.model.config.max_len:
-        raise CommandError(
-            f"--max-len {args.max_len} exceeds the model's {translator.model.config.max_len} "
-            "positions",
-            EXIT_USAGE,
-        )
+        raise CommandError(f"--max-len {args.max_len} exceeds the model's "
+                           f"{translator.model.config.max_len} positions", EXIT_USAGE)
     if args.sentences:
         sentences, from_file = list(args.sentences), False
     elif args.input:
         sentences, from_file = read_file(args.input), True
     else:
         if sys.stdin.isatty():
-            print(
-                "reading sentences from standard input, one per line; end with Ctrl-D",
-                file=sys.stderr,
-            )
+            print("reading sentences from standard input, one per line; end with Ctrl-D",
+                  file=sys.stderr)
         sentences, from_file = (
-            read_lines(sys.stdin.buffer.read(), "standard input", invalid="replace"),
-            True,
-        )
-    translations = translator.translate(
-        sentences, args.beam, args.batch_size, args.max_len, progress=from_file and not args.quiet
-    )
+            read_lines(sys.stdin.buffer.read(), "standard input", invalid="replace"), True)
+    translations = translator.translate(sentences, args.beam, args.batch_size, args.max_len,
+                                        progress=from_file and not args.quiet)
     if args.output:
         with open(args.output, "wb") as f:
             write_lines(translations, f)
@@ -483,16 +358,9 @@ def run_translate(args: argparse.Namespace) -> int:
         write_lines(translations, getattr(sys.stdout, "buffer", sys.stdout))
     return EXIT_OK
 
-
 # %% ../book/appendix_b_command_line.ipynb #04d097d3
-def _print_warning(
-    message: Warning | str,
-    category: type,
-    filename: str,
-    lineno: int,
-    file: Any = None,
-    line: str | None = None,
-) -> None:
+def _print_warning(message: Warning | str, category: type, filename: str, lineno: int,
+                   file: Any = None, line: str | None = None) -> None:
     """warnings.showwarning for a command line: `warning: <message>` on standard error."""
     print(f"warning: {message}", file=sys.stderr)
 
@@ -525,4 +393,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     finally:
         warnings.showwarning = shown
-
