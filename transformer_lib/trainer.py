@@ -55,8 +55,8 @@ class _Clock(TrainingStep):
     def out_of_budget(self) -> bool:
         """Whether max_steps or max_minutes has run out."""
         c = self.config
-        return (c.max_steps is not None and self.step >= c.max_steps) or (
-            c.max_minutes is not None and self.minutes() >= c.max_minutes)
+        return ((c.max_steps is not None and self.step >= c.max_steps)
+                or (c.max_minutes is not None and self.minutes() >= c.max_minutes))
 
     def epochs_seen(self, n_batches: int) -> float:
         """The data trained on so far, in epochs: whole epochs plus the share of this one's
@@ -83,10 +83,9 @@ class _Clock(TrainingStep):
         """Whether checkpoint_every steps or checkpoint_minutes have passed since the last
         checkpoint."""
         c = self.config
-        return (c.checkpoint_every is not None and self.step % c.checkpoint_every == 0) or (
-            c.checkpoint_minutes is not None
-            and time.perf_counter() - self.last_save >= 60 * c.checkpoint_minutes
-        )
+        return ((c.checkpoint_every is not None and self.step % c.checkpoint_every == 0)
+                or (c.checkpoint_minutes is not None
+                    and time.perf_counter() - self.last_save >= 60 * c.checkpoint_minutes))
 
     def point_due(self, n_batches: int) -> bool:
         """Whether the step just taken crossed a multiple of eval_epochs of data, or eval_every
@@ -94,9 +93,8 @@ class _Clock(TrainingStep):
         # micro-batches: the same step on any machine
         c, done = self.config, self.epoch * n_batches + self.position
         every = c.eval_epochs * n_batches if c.eval_epochs is not None else math.inf
-        crossed = math.floor(done / every + 1e-9) > math.floor(
-            (done - self.per_step) / every + 1e-9
-        )
+        crossed = (math.floor(done / every + 1e-9)
+                   > math.floor((done - self.per_step) / every + 1e-9))
         return crossed or (c.eval_every is not None and self.step % c.eval_every == 0) or (
             c.eval_minutes is not None and self.minutes() - self.last_point >= c.eval_minutes)
 
@@ -104,14 +102,11 @@ class _Clock(TrainingStep):
         """One decision for all processes: rank 0's clock, any process's signal; exchanged between
         the hosts."""
         main = self.procs.main
-        decisions = self.procs.agree_on(
-            [
-                float(signalled > 0), float(main and self.out_of_budget()),
-                float(main and self.save_due()),
-                self.budget_spent(n_batches) if main and self.follows_budget() else 0.0,
-                float(main and self.point_due(n_batches)), float(main and self.check_writes()),
-            ]
-        )
+        decisions = self.procs.agree_on([
+            float(signalled > 0), float(main and self.out_of_budget()),
+            float(main and self.save_due()),
+            self.budget_spent(n_batches) if main and self.follows_budget() else 0.0,
+            float(main and self.point_due(n_batches)), float(main and self.check_writes())])
         return {"signal": decisions[0] > 0, "stop": decisions[1] > 0, "save": decisions[2] > 0,
                 "progress": decisions[3], "point": decisions[4] > 0, "failed": decisions[5] > 0}
 
@@ -120,10 +115,8 @@ class _Clock(TrainingStep):
 # its loss is not finite for this many log windows in a row.
 SCALE_FLOOR, NONFINITE_WINDOWS = 1.0, 3
 # advice a resume accepts (a smaller clip), or a new run for what a resume refuses (the schedule)
-_DIVERGED_ADVICE = (
-    "resume it with a smaller clip_grad_norm (--set clip_grad_norm=0.5), or start a new run in "
-    "another folder with a smaller lr_factor or a longer warmup"
-)
+_DIVERGED_ADVICE = ("resume it with a smaller clip_grad_norm (--set clip_grad_norm=0.5), or start "
+                    "a new run in another folder with a smaller lr_factor or a longer warmup")
 
 
 class _Records(_Clock):
@@ -138,11 +131,9 @@ class _Records(_Clock):
         """
         loss, nll, tokens = self.procs.all_reduce(self.sums[row].clone()).tolist()
         if not self.scaler.is_enabled() and not (math.isfinite(loss) and math.isfinite(nll)):
-            raise TrainingError(
-                f"the training loss is {loss} by step {self.step}: the run stopped, and "
-                f"{self.out / 'last.pt'} holds its last good checkpoint, if it wrote one; "
-                f"{_DIVERGED_ADVICE}"
-            )
+            raise TrainingError(f"the training loss is {loss} by step {self.step}: the run "
+                                f"stopped, and {self.out / 'last.pt'} holds its last good "
+                                f"checkpoint, if it wrote one; {_DIVERGED_ADVICE}")
         return [loss, nll, tokens]
 
     def log(self, record: dict[str, Any]) -> None:
@@ -161,12 +152,11 @@ class _Records(_Clock):
         """A "train" record of the loss since the last one, with the learning rate and the
         throughput."""
         loss_w, nll_w, tokens_w = self.summed(0)
-        record = {
-            "kind": "train", "epoch": self.epoch + 1, "step": self.step, "loss": loss_w / tokens_w,
-            "nll": nll_w / tokens_w, "lr": self.optimizer.param_groups[0]["lr"],
-            "tokens_per_s": n_tokens_window / (time.perf_counter() - window_start),
-            "minutes": self.minutes(),
-        }
+        record = {"kind": "train", "epoch": self.epoch + 1, "step": self.step,
+                  "loss": loss_w / tokens_w, "nll": nll_w / tokens_w,
+                  "lr": self.optimizer.param_groups[0]["lr"],
+                  "tokens_per_s": n_tokens_window / (time.perf_counter() - window_start),
+                  "minutes": self.minutes()}
         self.log(record)
         self.check_scaler(record["loss"])
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
@@ -183,33 +173,25 @@ class _Records(_Clock):
         self.bad_windows = 0 if math.isfinite(loss) else self.bad_windows + 1
         scale = self.scaler.get_scale()
         if scale < SCALE_FLOOR or self.bad_windows >= NONFINITE_WINDOWS:
-            raise TrainingError(
-                f"the float16 run diverged by step {self.step} (loss {loss}, loss scale "
-                f"{scale:.3g}): the run stopped, and {self.out / 'last.pt'} holds its last good "
-                f"checkpoint, if it wrote one; {_DIVERGED_ADVICE}"
-            )
+            raise TrainingError(f"the float16 run diverged by step {self.step} (loss {loss}, loss "
+                                f"scale {scale:.3g}): the run stopped, and {self.out / 'last.pt'} "
+                                f"holds its last good checkpoint, if it wrote one; "
+                                f"{_DIVERGED_ADVICE}")
 
     def log_overhead(self) -> None:
         """Log (and print) the share of this process's time spent outside training steps, and on
         what."""
         total = time.perf_counter() - self.t0
-        record = {
-            "kind": "overhead",
-            "step": self.step,
-            "seconds": total,
-            "share": sum(self.overhead.values()) / total,
-            **self.overhead,
-            "epochs": self.epochs_seen(self.epoch_batches)
-            if self.epoch_batches
-            else float(self.epoch),
-            "tokens": self.tokens,  # the data seen by the end of this start of the run
-        }
+        record = {"kind": "overhead", "step": self.step, "seconds": total,
+                  "share": sum(self.overhead.values()) / total, **self.overhead,
+                  "epochs": (self.epochs_seen(self.epoch_batches) if self.epoch_batches
+                             else float(self.epoch)),
+                  "tokens": self.tokens}  # the data seen by the end of this start of the run
         self.log(record)
         if self.progress:
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in self.overhead.items())
-            tqdm.write(
-                f"time outside training steps: {record['share']:.1%} of {total:.0f} s ({parts})"
-            )
+            tqdm.write(f"time outside training steps: {record['share']:.1%} of {total:.0f} s "
+                       f"({parts})")
 
     def set_inner_dropout(self, progress: float) -> None:
         """Dropout inside attention and the FFN: off before inner_dropout_from of the budget, at its
@@ -243,18 +225,15 @@ class _Checkpoints(_Records):
         sums = [self.summed(0), self.summed(1)]
         if not self.procs.main:  # only the writing process copies the weights to the CPU
             return None
-        return _on_the_cpu(
-            {
-                "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
-                "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
-                "position": self.position, "tokens": self.tokens, "elapsed": self.minutes() * 60,
-                "last_point": self.last_point, "sums": sums, "history": list(self.history),
-                "rng": rngs[0], "rng_by_rank": rngs, "world_size": self.procs.world_size,
-                "tokenizer": self.tokenizer.to_dict(), "model_config": self.model_config.to_dict(),
-                "train_config": self.config.to_dict(),
-            }
-        )
+        return _on_the_cpu({
+            "format": CHECKPOINT_FORMAT, "kind": "train", "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.schedule.state_dict(),
+            "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
+            "position": self.position, "tokens": self.tokens, "elapsed": self.minutes() * 60,
+            "last_point": self.last_point, "sums": sums, "history": list(self.history),
+            "rng": rngs[0], "rng_by_rank": rngs, "world_size": self.procs.world_size,
+            "tokenizer": self.tokenizer.to_dict(), "model_config": self.model_config.to_dict(),
+            "train_config": self.config.to_dict()})
 
     def write(self, job: Callable[..., Any], *args: Any) -> None:
         """Queue a file job (rank 0) on the writer thread: the steps go on while it runs, in the
@@ -297,21 +276,16 @@ class _Checkpoints(_Records):
         with self.timed("saving"):
             weights = _on_the_cpu(self.model.state_dict())
             self.kept = (self.kept + [(self.step, weights)])[-self.config.average_last:]
-            self.write(
-                save_checkpoint,
-                {
-                    "format": CHECKPOINT_FORMAT, "kind": "weights", "model": weights,
-                    "epoch": epoch, "step": self.step,
-                },
-                self.out / f"average{self.step:07d}.pt",
-            )
+            self.write(save_checkpoint,
+                       {"format": CHECKPOINT_FORMAT, "kind": "weights", "model": weights,
+                        "epoch": epoch, "step": self.step},
+                       self.out / f"average{self.step:07d}.pt")
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint of this run."""
         self.model.load_state_dict(state["model"])
-        machine = [
-            {k: g[k] for k in ("fused", "foreach") if k in g} for g in self.optimizer.param_groups
-        ]
+        machine = [{k: g[k] for k in ("fused", "foreach") if k in g}
+                   for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
         for group, kernel in zip(self.optimizer.param_groups, machine, strict=True):
             # fused or not follows this machine, not the one the run started on
@@ -320,9 +294,8 @@ class _Checkpoints(_Records):
         # empty when the run was saved without fp16
         if state["scaler"] and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["scaler"])
-        self.step, self.epoch, self.position, self.elapsed = (
-            state["step"], state["epoch"], state["position"], state["elapsed"],
-        )
+        self.step, self.epoch, self.position, self.elapsed = (state["step"], state["epoch"],
+                                                              state["position"], state["elapsed"])
         self.last_point = state.get("last_point", self.elapsed / 60)
         # None for a checkpoint written before the trainer counted them
         self.tokens = state.get("tokens")
@@ -335,11 +308,8 @@ class _Checkpoints(_Records):
                 # a learning-curve point taken after last.pt: the run redoes it
                 if minutes > self.elapsed / 60:
                     path.unlink()
-            kept = (
-                snapshot_paths(self.out)[-self.config.average_last :]
-                if self.config.average_last > 1
-                else []
-            )
+            kept = (snapshot_paths(self.out)[-self.config.average_last:]
+                    if self.config.average_last > 1 else [])
             self.kept = [(k, load_checkpoint(path)["model"]) for k, path in kept]
         self.sums = torch.tensor(state["sums"], dtype=torch.float64, device=self.device)
         # the saved sums are the run's: rank 0 carries them, the others start from 0
@@ -371,11 +341,10 @@ class Trainer(_Checkpoints):
         try:
             while self.epoch < config.epochs and not stopped:
                 batches = self.batches()
-                bar = tqdm(
-                    total=len(batches) // self.per_step, initial=self.position // self.per_step,
-                    unit="step", desc=f"epoch {self.epoch + 1}", leave=False,
-                    disable=not self.progress, dynamic_ncols=True,
-                )
+                bar = tqdm(total=len(batches) // self.per_step,
+                           initial=self.position // self.per_step, unit="step",
+                           desc=f"epoch {self.epoch + 1}", leave=False, disable=not self.progress,
+                           dynamic_ncols=True)
                 self.model.train()
                 while self.position < len(batches) and not stopped:
                     # with torch.compile: compiling
@@ -404,16 +373,13 @@ class Trainer(_Checkpoints):
                     stopped = decision["stop"] or decision["signal"]
                     if decision["point"]:
                         self.point()
-                    if decision["signal"] or (
-                        decision["save"]
-                        and (self.position < len(batches) or not config.points_by_epoch)
-                    ):
+                    if decision["signal"] or (decision["save"] and (
+                            self.position < len(batches) or not config.points_by_epoch)):
                         self.checkpoint()
                 bar.close()
                 if decision["signal"]:
-                    raise KeyboardInterrupt(
-                        f"stopped by a signal at step {self.step}; last.pt holds the run, resume it"
-                    )
+                    raise KeyboardInterrupt(f"stopped by a signal at step {self.step}; last.pt "
+                                            "holds the run, resume it")
                 if self.position >= len(batches):
                     self.end_epoch()
             if self.procs.main:
@@ -427,28 +393,19 @@ class Trainer(_Checkpoints):
         epoch."""
         if not self.progress:
             return
-        precision = (
-            "float32" if self.amp is None else f"{str(self.amp).replace('torch.', '')} autocast"
-        )
+        precision = ("float32" if self.amp is None
+                     else f"{str(self.amp).replace('torch.', '')} autocast")
         setup = self.history[0]
         dropped, val_dropped = setup.get("dropped", 0), setup.get("val_dropped", 0)
-        left_out = (
-            ""
-            if not dropped and not val_dropped
-            else (
-                f"; left out: {dropped} training pair(s) with a side over "
-                f"max_sentence_len={self.config.max_sentence_len} tokens, "
-                f"{val_dropped} validation pair(s) longer than the model's positions"
-            )
-        )
-        tqdm.write(
-            f"{sum(p.numel() for p in self.model.parameters()) / 1e6:.1f}M parameters on "
-            f"{self.device} ({precision}) x {self.procs.world_size} process(es); "
-            f"{len(self.train_src)} training pairs in {len(batches) // self.per_step} steps per "
-            f"epoch ({self.padding(batches):.0%} padding)"
-            + left_out
-            + (f"; resuming at step {self.step}" if self.step else "")
-        )
+        left_out = ("" if not dropped and not val_dropped
+                    else f"; left out: {dropped} training pair(s) with a side over "
+                         f"max_sentence_len={self.config.max_sentence_len} tokens, "
+                         f"{val_dropped} validation pair(s) longer than the model's positions")
+        tqdm.write(f"{sum(p.numel() for p in self.model.parameters()) / 1e6:.1f}M parameters on "
+                   f"{self.device} ({precision}) x {self.procs.world_size} process(es); "
+                   f"{len(self.train_src)} training pairs in {len(batches) // self.per_step} steps "
+                   f"per epoch ({self.padding(batches):.0%} padding)" + left_out
+                   + (f"; resuming at step {self.step}" if self.step else ""))
 
     def end_epoch(self) -> None:
         """The next epoch; with points by epoch, a validation point and last.pt first."""
@@ -472,10 +429,9 @@ class Trainer(_Checkpoints):
                   "train_nll": nll_e / tokens_e, "val_loss": val["loss"], "val_nll": val["nll"],
                   "val_ppl": val["ppl"], "minutes": self.minutes()})
         if self.progress:
-            tqdm.write(
-                f"epoch {epoch}: step {self.step}, train loss {loss_e / tokens_e:.3f}, val loss "
-                f"{val['loss']:.3f}, val ppl {val['ppl']:.2f}, {self.minutes():.1f} min"
-            )
+            tqdm.write(f"epoch {epoch}: step {self.step}, train loss {loss_e / tokens_e:.3f}, "
+                       f"val loss {val['loss']:.3f}, val ppl {val['ppl']:.2f}, "
+                       f"{self.minutes():.1f} min")
         # the weights alone: the optimiser's moments wait for last.pt
         if self.config.average_last > 1:
             self.keep_for_average(epoch)
@@ -488,14 +444,9 @@ class Trainer(_Checkpoints):
         if k >= 1 and not path.exists():
             # rare (every few minutes), so written at once: the next step asks for the file
             with self.timed("saving"):
-                save_checkpoint(
-                    {
-                        "format": CHECKPOINT_FORMAT, "kind": "weights",
-                        "model": self.model.state_dict(), "epoch": self.epoch, "step": self.step,
-                        "minutes": self.minutes(),
-                    },
-                    path,
-                )
+                save_checkpoint({"format": CHECKPOINT_FORMAT, "kind": "weights",
+                                 "model": self.model.state_dict(), "epoch": self.epoch,
+                                 "step": self.step, "minutes": self.minutes()}, path)
 
     def validate_end(self) -> None:
         """Validate where the run stopped, unless an epoch's end just did."""
@@ -528,12 +479,8 @@ class Trainer(_Checkpoints):
                     self.model.load_state_dict(last_weights)
                     averaged = 1
         self.log_overhead()
-        save_checkpoint(
-            {
-                "format": CHECKPOINT_FORMAT, "kind": "model", "model": self.model.state_dict(),
-                "tokenizer": self.tokenizer.to_dict(), "model_config": self.model_config.to_dict(),
-                "train_config": self.config.to_dict(), "step": self.step, "epoch": self.epoch,
-                "averaged": averaged, "history": self.history,
-            },
-            self.out / "model.pt",
-        )
+        save_checkpoint({
+            "format": CHECKPOINT_FORMAT, "kind": "model", "model": self.model.state_dict(),
+            "tokenizer": self.tokenizer.to_dict(), "model_config": self.model_config.to_dict(),
+            "train_config": self.config.to_dict(), "step": self.step, "epoch": self.epoch,
+            "averaged": averaged, "history": self.history}, self.out / "model.pt")
