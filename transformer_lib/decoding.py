@@ -39,9 +39,8 @@ def output_budget(model: Transformer, src: Tensor, max_len: int | None = None) -
     if max_len is None:
         return min(src.size(1) + 50, limit)
     if not 1 <= max_len <= limit:
-        raise ValueError(
-            f"max_len={max_len} must be between 1 and the model's config.max_len={limit}"
-        )
+        raise ValueError(f"max_len={max_len} must be between 1 and the model's "
+                         f"config.max_len={limit}")
     return max_len
 
 # %% ../book/12_decoding.ipynb #5de39e47
@@ -123,13 +122,8 @@ def sequence_scores(model: Transformer, src: Tensor, hyps: list[list[int]], alph
     return total / length_penalty(lengths, alpha)
 
 # %% ../book/12_decoding.ipynb #09c2bc3f
-def simple_beam_search(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 1.0,
-    max_len: int | None = None,
-) -> list[int]:
+def simple_beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 1.0,
+                       max_len: int | None = None) -> list[int]:
     """Beam search for one sentence src (1, S), written plainly: hypotheses each run in full.
 
     A reference implementation, too slow to translate with: the tests check that the fast
@@ -146,9 +140,8 @@ def simple_beam_search(
             for score, ys in beams:
                 # (V,)
                 log_probs = next_token_log_probs(model, src.new_tensor([ys]), memory, src_mask)[0]
-                candidates += [
-                    (score + lp, ys + [token]) for token, lp in enumerate(log_probs.tolist())
-                ]
+                candidates += [(score + lp, ys + [token])
+                               for token, lp in enumerate(log_probs.tolist())]
             candidates.sort(key=lambda c: c[0], reverse=True)  # best first
             for score, ys in candidates[:K]:  # those of the best K that end in <eos> are finished
                 if ys[-1] == cfg.eos_id and len(finished) < K:
@@ -162,19 +155,12 @@ def simple_beam_search(
     return max(finished, key=lambda scored: scored[0])[1]
 
 # %% ../book/12_decoding.ipynb #69f2f63e
-def sample(
-    model: Transformer,
-    src: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    max_len: int | None = None,
-    seed: int | None = None,
-) -> list[list[int]]:
+def sample(model: Transformer, src: Tensor, temperature: float = 1.0, top_k: int | None = None,
+           max_len: int | None = None, seed: int | None = None) -> list[list[int]]:
     """Decode each sentence of src (B, S), drawing each token from p ** (1 / temperature)."""
     if temperature <= 0:
-        raise ValueError(
-            f"temperature={temperature} must be positive (greedy_decode is the limit at 0)"
-        )
+        raise ValueError(f"temperature={temperature} must be positive (greedy_decode is the limit "
+                         "at 0)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be at least 1 or None")
     cfg = model.config
