@@ -224,28 +224,29 @@ def test_compiled_fixed_shapes_stay_compiled_past_dynamos_limit(tmp_path, tokeni
     import transformer_lib.training_step as training_step
 
     _dynamo.reset()
-    monkeypatch.setattr(_dynamo.config, "recompile_limit", 8)  # Dynamo's default, and back after the test
-    monkeypatch.setattr(_dynamo.config, "accumulated_recompile_limit", 256)
-    counter, compile_ = CompileCounter(), torch.compile
-    monkeypatch.setattr(torch, "compile", lambda net, **kwargs: compile_(net, backend=counter, **kwargs))
-    sites = []  # the run's inner-dropout sites, read by the loss below as the model's dropout reads them
+    # Dynamo's default limit, and both limits back after the test (Dynamo's own patch: a monkeypatch of its
+    # config module leaves accumulated_recompile_limit undefined for the tests that compile after it)
+    with _dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256):
+        counter, compile_ = CompileCounter(), torch.compile
+        monkeypatch.setattr(torch, "compile", lambda net, **kwargs: compile_(net, backend=counter, **kwargs))
+        sites = []  # the run's inner-dropout sites, read by the loss below as the model's dropout reads them
 
-    def cheap_loss(self, batch):
-        weight = next(self.model.parameters())
-        loss = weight.sum() * 0 + batch.tgt_in.float().sum() * sites[0][0].dropout + batch.src.size(1)
-        return loss, loss.detach()
+        def cheap_loss(self, batch):
+            weight = next(self.model.parameters())
+            loss = weight.sum() * 0 + batch.tgt_in.float().sum() * sites[0][0].dropout + batch.src.size(1)
+            return loss, loss.detach()
 
-    monkeypatch.setattr(training_step.LossComputation, "forward", cheap_loss)
-    lengths = range(1, 33)  # one pair of each length; with <eos>, 2 to 33 tokens: nine groups, 4 to 36
-    data = ([[5] * n for n in lengths], [[6] * n for n in lengths], [[5]], [[6]])
-    config = TrainConfig.from_preset("tiny", **{**SMALL, "dropout": 0.1, "max_tokens": 200, "length_bucket": 4,
-                                                "compile": True, "inner_dropout_from": 0.5})
-    run = Trainer(config, tmp_path, tokenizer, start_processes("cpu"), data, progress=False)
-    sites.extend(run.inner_sites)
-    one_of_each = list({run.shape(idx): idx for idx in run.batches()}.values())
-    assert len(one_of_each) == 9
-    for progress in (0.0, 1.0):  # inner dropout off, then on: the rates each graph holds change
-        run.set_inner_dropout(progress)
-        for run.position in range(len(one_of_each)):
-            run.train_step(one_of_each)
-    assert counter.frame_count == 2 * 9
+        monkeypatch.setattr(training_step.LossComputation, "forward", cheap_loss)
+        lengths = range(1, 33)  # one pair of each length; with <eos>, 2 to 33 tokens: nine groups, 4 to 36
+        data = ([[5] * n for n in lengths], [[6] * n for n in lengths], [[5]], [[6]])
+        config = TrainConfig.from_preset("tiny", **{**SMALL, "dropout": 0.1, "max_tokens": 200, "length_bucket": 4,
+                                                    "compile": True, "inner_dropout_from": 0.5})
+        run = Trainer(config, tmp_path, tokenizer, start_processes("cpu"), data, progress=False)
+        sites.extend(run.inner_sites)
+        one_of_each = list({run.shape(idx): idx for idx in run.batches()}.values())
+        assert len(one_of_each) == 9
+        for progress in (0.0, 1.0):  # inner dropout off, then on: the rates each graph holds change
+            run.set_inner_dropout(progress)
+            for run.position in range(len(one_of_each)):
+                run.train_step(one_of_each)
+        assert counter.frame_count == 2 * 9
