@@ -17,7 +17,8 @@ book: env html
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # One worker a core, one thread each (WORKERS=4 make test to choose); workers take whole files, the longest first
 # (conftest.py orders them by tests/durations.json).
-WORKERS ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
+# (The cores this process may use; not nproc, which answers OMP_NUM_THREADS when it is set.)
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count())" 2>/dev/null || echo 2)
 PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile \
           --no-loadscope-reorder --durations=12
 # Another numerical path through the same maths: PyTorch's kernels without hand-vectorised code and MKL's
