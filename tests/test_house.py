@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "transformer_lib"
 # bottom to top: a module may import only modules before it in this list
 ORDER = ["files", "data", "tokenizer", "runtime", "embeddings", "positional", "attention", "layers", "model", "recipe",
-         "config", "corpus", "checkpoints", "decoding", "translate", "records", "pretrained", "analysis", "beyond", "decoder_only", "distributed", "training_step", "trainer", "loop", "cli",
+         "config", "corpus", "checkpoints", "decoding", "translate", "pretrained", "analysis", "beyond", "decoder_only",
+         "distributed", "training_step", "records", "clock", "trainer", "training_run", "cli",
          "__init__", "__main__"]
 
 
@@ -64,15 +65,15 @@ def test_inference_loads_nothing_of_training():
             "print(sorted(m for m in sys.modules if m.startswith('transformer_lib.')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     loaded = done.stdout
-    for module in ("transformer_lib.trainer", "transformer_lib.distributed", "transformer_lib.loop",
-                   "transformer_lib.records"):
+    for module in ("transformer_lib.trainer", "transformer_lib.distributed", "transformer_lib.training_run",
+                   "transformer_lib.records", "transformer_lib.clock", "transformer_lib.training_step"):
         assert f"'{module}'" not in loaded, loaded
 
 
 def test_train_is_still_a_name_of_the_package():
     code = "from transformer_lib import train, TrainConfig, PRESETS, load_model; print(train.__module__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert done.stdout.strip() == "transformer_lib.loop"
+    assert done.stdout.strip() == "transformer_lib.training_run"
 
 
 def test_evaluate_checkpoint_is_still_a_name_of_the_package():

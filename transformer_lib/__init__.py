@@ -52,7 +52,7 @@ def __getattr__(name: str) -> object:
     """`train` and `evaluate_checkpoint` are imported on first use, so that a program that only
     translates never loads the trainer or the run records."""
     if name == "train":
-        from transformer_lib.loop import train
+        from transformer_lib.training_run import train
 
         return train
     if name == "evaluate_checkpoint":

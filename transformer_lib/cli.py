@@ -228,7 +228,7 @@ def run_train(args: argparse.Namespace) -> int:
                            "another --out", EXIT_USAGE)
     # imported here: translating and evaluating never load the trainer
     from transformer_lib.distributed import ProcessFailure
-    from transformer_lib.loop import resumed_config, train
+    from transformer_lib.training_run import resumed_config, train
     from transformer_lib.trainer import TrainingError
 
     changes = (dict(zip(CORPUS_FIELDS, args.train_files + args.val_files)) if args.train_files

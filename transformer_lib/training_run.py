@@ -31,7 +31,8 @@ from .model import Transformer, TransformerConfig
 from .recipe import encode_pairs
 from .runtime import check_runtime, keep_freed_memory
 from .tokenizer import BPETokenizer, multi30k_tokenizer
-from .trainer import Trainer, write_metrics
+from .records import write_metrics
+from .trainer import Trainer
 from .training_step import TrainingError
 
 # %% ../book/eng_training_runs.ipynb #074cd5a0
@@ -269,7 +270,7 @@ def train(
             config, out, tokenizer, procs, data, progress and procs.main, t0, model_factory
         )
         if state is None:
-            run.history.append(
+            run.metrics.history.append(
                 {
                     "kind": "setup",
                     "parameters": sum(p.numel() for p in run.model.parameters()),
@@ -283,21 +284,21 @@ def train(
                 }
             )
             if corpus is not None:
-                run.history[0]["corpus"] = {
+                run.metrics.history[0]["corpus"] = {
                     name: {"path": getattr(config, name), "sha256": corpus[2][name]}
                     for name in CORPUS_FIELDS
                 }
         else:
             run.restore(state)
         if procs.main:
-            write_metrics(run.out / "metrics.jsonl", run.history, mode="w")
+            write_metrics(run.metrics.path, run.metrics.history, mode="w")
         with _stop_on_signals() as signalled:
             run.fit(signalled)
         # averaging: no collective follows, so the other processes end without waiting for it
         if procs.main:
             run.finish()
         run.model.eval()
-        return TrainResult(run.model, tokenizer, run.history, run.out)
+        return TrainResult(run.model, tokenizer, run.metrics.history, run.out)
     finally:
         procs.close()
         torch.set_num_threads(threads)
