@@ -136,9 +136,10 @@ class Trainer:
         handler): then a last validation and last.pt. Every file is written when it returns."""
         try:
             decision, epoch = self.begin(), self.epoch
-            bar = tqdm(total=len(self.plan) // self.per_step, initial=self.position // self.per_step,
-                       desc=f"epoch {epoch + 1}", unit="step", leave=False,
-                       disable=not self.progress, dynamic_ncols=True)
+            steps = len(self.plan) // self.per_step
+            bar = tqdm(total=steps, initial=self.position // self.per_step, unit="step",
+                       desc=f"epoch {epoch + 1}", leave=False, disable=not self.progress,
+                       dynamic_ncols=True)
             while self.epoch < self.config.epochs and not (decision["stop"] or decision["signal"]):
                 decision = self.step(signalled[0])
                 bar.update()
