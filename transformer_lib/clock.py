@@ -64,17 +64,18 @@ class RunClock:
         return self.config.cooldown > 0 or self.config.inner_dropout_from > 0
 
     def save_due(self, step: int) -> bool:
-        """Whether checkpoint_every steps or checkpoint_minutes have passed since the last
-        checkpoint."""
+        """Whether the step is a multiple of checkpoint_every, or checkpoint_minutes have passed
+        since the last checkpoint."""
         c = self.config
         return ((c.checkpoint_every is not None and step % c.checkpoint_every == 0)
                 or (c.checkpoint_minutes is not None
                     and time.perf_counter() - self.last_save >= 60 * c.checkpoint_minutes))
 
     def point_due(self, step: int, done: int, per_step: int, n_batches: int) -> bool:
-        """Whether the step just taken (its per_step micro-batches bring the epoch's to `done` of
-        n_batches, counting from the first epoch) crossed a multiple of eval_epochs of data, or
-        eval_every steps or eval_minutes have passed since the last validation point."""
+        """Whether a validation point is due after the step just taken: `done` micro-batches
+        trained on since the run began (epoch x n_batches + position), the step having added
+        per_step, crossed a multiple of eval_epochs x n_batches; or the step is a multiple of
+        eval_every; or eval_minutes have passed since the last point."""
         c = self.config
         every = c.eval_epochs * n_batches if c.eval_epochs is not None else math.inf
         crossed = math.floor(done / every + 1e-9) > math.floor((done - per_step) / every + 1e-9)

@@ -187,7 +187,7 @@ from .distributed import Processes
 from .files import atomic_write
 from .training_step import TrainingError
 
-# A float16 run stops when its loss scale falls below this (every step since 2**16 overflowed), or
+# A float16 run stops when its loss scale falls below this (17 halvings below its first, 2**16), or
 # its loss is not finite for this many log windows in a row.
 SCALE_FLOOR, NONFINITE_WINDOWS = 1.0, 3
 # advice a resume accepts (a smaller clip), or a new run for what a resume refuses (the schedule)

@@ -133,7 +133,8 @@ class Trainer:
 
     def fit(self, signalled: list[int]) -> None:
         """Steps until the epochs or the budget run out, or a signal comes (signalled[0], set by a
-        handler): then a last validation and last.pt. Every file is written when it returns."""
+        handler: last.pt, then KeyboardInterrupt); then a last validation and last.pt. Every file is
+        written when it returns."""
         try:
             decision, epoch = self.begin(), self.epoch
             steps = len(self.plan) // self.per_step
