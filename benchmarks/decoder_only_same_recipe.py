@@ -36,7 +36,7 @@ from transformer_lib.config import TrainConfig  # noqa: E402
 from transformer_lib.data import directed  # noqa: E402
 from transformer_lib.data import load_multi30k  # noqa: E402
 from transformer_lib.decoder_only import DecoderOnlyTranslator, prefix_attention, translate_sentences  # noqa: E402
-from transformer_lib.loop import train  # noqa: E402
+from transformer_lib.training_run import train  # noqa: E402
 from transformer_lib.model import Transformer, TransformerConfig  # noqa: E402
 from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
 from transformer_lib.records import device_description, overrides_of  # noqa: E402

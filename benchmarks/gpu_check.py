@@ -21,10 +21,10 @@ What it prints (and writes as JSON to --out):
    step's FLOPs counted by transformer_lib.records.training_flops from the real (unpadded) tokens, per second,
    over the GPU's published dense 16-bit peak (records.PEAK_FLOPS); tokens/s counts real tokens too, as the
    trainer does;
-6. the trainer's step: Trainer.train_step of the gpu preset over the first epoch's real batches, as a run takes
-   them (a new (B, S, T) shape at most steps), then over the same batches again (every shape seen before): tokens/s
-   and MFU of each pass, the number of distinct batch shapes, the host's milliseconds per step (the wall time until
-   train_step returns, with the step's GPU work queued but not waited for) against the step's (synchronised), and
+6. the trainer's step: Trainer.step of the gpu preset over the first epoch's real batches, as a run takes them (a
+   new (B, S, T) shape at most steps), then over the same batches again (every shape seen before): tokens/s and MFU
+   of each pass, the number of distinct batch shapes, the host's milliseconds per step (the wall time until
+   Trainer.step returns, with the step's GPU work queued but not waited for) against the step's (synchronised), and
    the SDPA kernels a training step runs. Beside the bare step's tokens/s it says what a run loses to real batches.
 The compiled bare step comes last: its compilation takes the longest.
 
@@ -254,12 +254,13 @@ def sdpa_names(prof) -> list[str]:
 
 def trainer_steps(config, tokenizer, steps: int | None, data_dir: Path | None = None,
                   peak: float | None = None) -> dict:
-    """Trainer.train_step of `config` (a TrainConfig) over the first `steps` steps (None: all) of its first epoch's
-    real batches of Multi30k, twice: as a run first meets them, then the same batches again, every shape seen.
+    """Trainer.step of `config` (a TrainConfig) over the first `steps` steps (None: all) of its first epoch's real
+    batches of Multi30k, twice: as a run first meets them, then the same batches again, every shape seen.
 
-    Each step is timed twice: when train_step returns (the host's part: building the next batch, queuing the step's
-    kernels; on a GPU the kernels may still run) and after waiting for the device (the step). The shapes are those
-    of the batches the loss computation received; the SDPA kernels are those of one more step, profiled."""
+    Each step is timed twice: when Trainer.step returns (the host's part: building the next batch, queuing the
+    step's kernels, and what falls due after it, as in a run; on a GPU the kernels may still run) and after waiting
+    for the device (the step). The shapes are those of the batches the loss computation received; the SDPA kernels
+    are those of one more step, profiled."""
     from transformer_lib.data import directed
     from transformer_lib.data import load_multi30k
     from transformer_lib.distributed import start_processes
@@ -274,41 +275,46 @@ def trainer_steps(config, tokenizer, steps: int | None, data_dir: Path | None = 
     try:
         with tempfile.TemporaryDirectory() as folder:
             run = Trainer(config, Path(folder), tokenizer, procs, data, progress=False)
-            device, batches = run.device, run.batches()
+            run.begin()  # the first epoch's batches, the clock started: ready to step
+            device, batches = run.device, run.plan
             n = len(batches) // run.per_step if steps is None else min(steps, len(batches) // run.per_step)
             seen: list[tuple[int, int, int]] = []  # (B, S, T) of each batch the loss computation received
-            net = run.net
+            net = run.update.net
 
             def recording(batch):
                 seen.append((batch.src.size(0), batch.src.size(1), batch.tgt_in.size(1)))
                 return net(batch)
 
-            run.net = recording
+            run.update.net = recording
+
+            def rewind() -> None:
+                """The first epoch's first step again (a pass over the whole epoch has begun the next one)."""
+                run.epoch, run.position, run.plan = 0, 0, batches
 
             def one_pass() -> dict:
-                run.position = 0  # the epoch's first batches again
+                rewind()
                 host, step, tokens = [], [], 0
                 for _ in range(n):
+                    counted = run.tokens  # real source and target tokens trained on so far
                     sync(device)
                     start = time.perf_counter()
-                    _, n_tokens = run.train_step(batches)
+                    run.step()
                     host.append(time.perf_counter() - start)  # the step's work queued, not waited for
                     sync(device)
                     step.append(time.perf_counter() - start)
-                    run.schedule.step()
-                    tokens += n_tokens
+                    tokens += run.tokens - counted
                 return {"tokens_per_s": tokens / sum(step), "step_ms": 1e3 * statistics.median(step),
                         "host_ms": 1e3 * statistics.median(host), "first_step_ms": 1e3 * step[0],
                         "slowest_step_ms": 1e3 * max(step), "seconds": sum(step), "tokens": tokens}
 
-            run.model.train()
             first = one_pass()
             shapes = list(seen)
             again = one_pass()
-            run.position = 0
+            rewind()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                run.train_step(batches)
+                run.step()
                 sync(device)
+            run.flush()  # any file the steps queued is written before the folder goes
             used = [i for idx in batches[: n * run.per_step] for i in idx]
             flops = training_flops(run.model_config, [len(data[0][i]) + 1 for i in used],
                                    [len(data[1][i]) + 1 for i in used])
@@ -485,9 +491,9 @@ def main() -> None:
         print(f"  {name:28}{r['tokens_per_s']:>12,.0f}{mfu:>8}{r['warm_up_s']:>11.1f}")
     t = report["trainer_step"]
     if "error" in t:
-        print(f"  {'Trainer.train_step':28}{t['error']}")
+        print(f"  {'Trainer.step':28}{t['error']}")
     else:
-        print(f"  Trainer.train_step, the {t['preset']} preset in {t['precision']}, over {t['steps']} real batches of "
+        print(f"  Trainer.step, the {t['preset']} preset in {t['precision']}, over {t['steps']} real batches of "
               f"at most {t['max_tokens']:,} tokens a side: {t['distinct_shapes']} distinct (B, S, T) shapes; "
               f"SDPA: {', '.join(t['sdpa_kernels']) or '(no SDPA kernel)'}")
         for label, key in (("first time", "first_pass"), ("again", "again")):

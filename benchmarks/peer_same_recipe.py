@@ -37,7 +37,7 @@ from torch import nn
 
 from transformer_lib.checkpoints import load_checkpoint, save_checkpoint
 from transformer_lib.config import TrainConfig
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.model import Transformer, TransformerConfig
 
 warnings.filterwarnings("ignore", message="enable_nested_tensor is True")

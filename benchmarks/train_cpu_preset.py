@@ -29,7 +29,7 @@ from transformer_lib.data import load_multi30k
 from transformer_lib.positional import sinusoidal_encoding
 from transformer_lib.tokenizer import multi30k_tokenizer
 from transformer_lib.config import TrainConfig
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, batch_loss, encode_pairs, make_batch, token_batches
 from transformer_lib.runtime import cpu_has_native_bf16, resolve_amp
 from transformer_lib.model import Transformer

@@ -157,8 +157,8 @@ def test_train_device_option(tmp_path, capsys):
 
 def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys, monkeypatch):
     """A rejected average is logged, but the loss printed is that of the last weights, which model.pt holds."""
-    from transformer_lib import loop
-    from transformer_lib.loop import TrainResult
+    from transformer_lib import training_run
+    from transformer_lib.training_run import TrainResult
 
     def fake_train(config, out, **kwargs):
         history = [{"kind": "val", "step": 10, "val_loss": 1.25, "minutes": 1.0},
@@ -168,7 +168,7 @@ def test_train_reports_the_validation_loss_of_the_model_it_kept(tmp_path, capsys
             history[1].update(val_loss=1.125, kept=True)
         return TrainResult(None, None, history, out)
 
-    monkeypatch.setattr(loop, "train", fake_train)  # the command line imports it when it trains
+    monkeypatch.setattr(training_run, "train", fake_train)  # the command line imports it when it trains
     for average_last, loss in ((5, "1.250"), (2, "1.125")):
         args = ["train", "--preset", "tiny", "--set", f"average_last={average_last}", "--out",
                 str(tmp_path / f"r{average_last}"), "--quiet"]
@@ -196,7 +196,7 @@ def test_an_unwritable_output_is_refused_before_any_translating(workdir, capsys,
 
 
 def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("transformer_lib.loop.train", lambda *args, **kwargs: pytest.skip("reached train"))
+    monkeypatch.setattr("transformer_lib.training_run.train", lambda *args, **kwargs: pytest.skip("reached train"))
     with pytest.raises(pytest.skip.Exception):
         main(["train", "--preset", "tiny", "--resume", "--out", str(tmp_path / "empty"), "--quiet"])
     err = capsys.readouterr().err

@@ -12,7 +12,7 @@ from transformer_lib.data import DataError
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
 from transformer_lib.config import TrainConfig
 from transformer_lib.corpus import read_parallel
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 
 SMALL = dict(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.1, vocab_size=300,
              max_tokens=300, warmup=5, epochs=1, max_steps=3, log_every=1, average_last=1, seed=0, device="cpu",

@@ -19,7 +19,7 @@ from transformer_lib.decoder_only import (
     prefix_attention,
     translate_sentences,
 )
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
 from transformer_lib.tokenizer import BPETokenizer

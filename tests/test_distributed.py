@@ -1,4 +1,4 @@
-"""Data-parallel training (transformer_lib.loop under torchrun, gloo on the CPU): the same update as one process."""
+"""Data-parallel training (transformer_lib.training_run under torchrun, gloo on the CPU): the same update as one process."""
 import json
 import os
 import signal
@@ -18,7 +18,7 @@ from transformer_lib.checkpoints import CheckpointError, load_checkpoint
 from transformer_lib.config import TrainConfig
 from transformer_lib.distributed import step_shard
 from transformer_lib.training_step import LossComputation
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.recipe import token_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ WORKER = textwrap.dedent(
     {FLOAT64}
     import transformer_lib.training_step as trainer
     from transformer_lib.config import TrainConfig
-    from transformer_lib.loop import train
+    from transformer_lib.training_run import train
     from transformer_lib.tokenizer import BPETokenizer
     out, mode, tokenizer_path, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     if mode == "fail" and os.environ["RANK"] == "1":

@@ -14,7 +14,7 @@ from torch import nn
 from transformer_lib.checkpoints import load_checkpoint, load_model
 from transformer_lib.config import TrainConfig
 from transformer_lib.data import load_multi30k
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.recipe import LabelSmoothingLoss, batch_loss, make_batch
 from transformer_lib.tokenizer import BPETokenizer

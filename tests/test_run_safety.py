@@ -9,9 +9,10 @@ from transformer_lib.checkpoints import CheckpointError, load_checkpoint, save_c
 from transformer_lib.cli import main
 from transformer_lib.config import TrainConfig
 from transformer_lib.distributed import start_processes
-from transformer_lib.loop import resumed_config, train
+from transformer_lib.training_run import resumed_config, train
 from transformer_lib.tokenizer import BPETokenizer
-from transformer_lib.trainer import Trainer, TrainingError
+from transformer_lib.trainer import Trainer
+from transformer_lib.training_step import OptimiserStep, TrainingError
 
 SMALL = dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, train_subset=200,
              max_tokens=400, warmup=10, epochs=3, log_every=1, average_last=1, seed=5, device="cpu", amp="off")
@@ -114,7 +115,7 @@ def test_fused_adam_follows_the_machine_a_run_resumes_on(run_folder, tokenizer):
     try:
         run = Trainer(config, run_folder, tokenizer, procs, data, progress=False)
         run.restore(state)
-        assert [g["fused"] for g in run.optimizer.param_groups] == [False]
+        assert [g["fused"] for g in run.update.optimizer.param_groups] == [False]
     finally:
         procs.close()
 
@@ -131,17 +132,18 @@ def test_non_finite_settings_are_refused_in_one_line(tmp_path, capsys, setting):
 
 def test_a_loss_that_stops_being_finite_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tokenizer,
                                                                                           monkeypatch):
-    original = Trainer.train_step
+    original, steps = OptimiserStep.__call__, []
 
-    def diverging(self, batches):
-        sums, n = original(self, batches)
-        if self.step == 3:  # the step after the last checkpoint: its loss (and from here the weights) is NaN
+    def diverging(self, micro_batches, n_tgt):
+        sums = original(self, micro_batches, n_tgt)
+        steps.append(1)
+        if len(steps) == 3:  # the step after the last checkpoint: its loss (and from here the weights) is NaN
             sums[0] = math.nan
             with torch.no_grad():
                 next(self.model.parameters()).fill_(math.nan)
-        return sums, n
+        return sums
 
-    monkeypatch.setattr(Trainer, "train_step", diverging)
+    monkeypatch.setattr(OptimiserStep, "__call__", diverging)
     config = TrainConfig.from_preset("tiny", **SMALL, max_steps=6, checkpoint_every=2)
     with pytest.raises(TrainingError, match="the training loss is nan by step 3"):
         train(config, tmp_path, progress=False, tokenizer=tokenizer)
@@ -243,17 +245,18 @@ def test_the_divergence_advice_is_one_a_resume_accepts(tmp_path, tokenizer, monk
     """The message of a diverged run says how to go on; the resume it advises is accepted and trains on."""
     import re
 
-    original = Trainer.train_step
+    original, steps = OptimiserStep.__call__, []
 
-    def diverging(self, batches):
-        sums, n = original(self, batches)
-        if self.step == 3:
+    def diverging(self, micro_batches, n_tgt):
+        sums = original(self, micro_batches, n_tgt)
+        steps.append(1)
+        if len(steps) == 3:
             sums[0] = math.nan
-        return sums, n
+        return sums
 
     out = tmp_path / "run"
     with monkeypatch.context() as mp:
-        mp.setattr(Trainer, "train_step", diverging)
+        mp.setattr(OptimiserStep, "__call__", diverging)
         with pytest.raises(TrainingError) as caught:
             train(TrainConfig.from_preset("tiny", **SMALL, max_steps=6, checkpoint_every=2), out, progress=False,
                   tokenizer=tokenizer)
@@ -274,14 +277,14 @@ def test_a_checkpoint_write_that_fails_stops_the_run_within_a_step(tmp_path, tok
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     steps = []
-    original = Trainer.train_step
+    original = OptimiserStep.__call__
 
-    def counted(self, batches):
-        steps.append(self.step + 1)
-        return original(self, batches)
+    def counted(self, micro_batches, n_tgt):
+        steps.append(len(steps) + 1)  # a new run: the optimiser steps are the run's steps
+        return original(self, micro_batches, n_tgt)
 
     monkeypatch.setattr(trainer, "save_checkpoint", full_disk)
-    monkeypatch.setattr(Trainer, "train_step", counted)
+    monkeypatch.setattr(OptimiserStep, "__call__", counted)
     with pytest.raises(OSError, match="No space left on device"):
         train(TrainConfig.from_preset("tiny", **SMALL, max_steps=30, checkpoint_every=2), tmp_path, progress=False,
               tokenizer=tokenizer)
@@ -302,10 +305,10 @@ def test_a_write_that_fails_during_a_run_is_one_line_on_the_command_line(tmp_pat
 
 
 def test_an_unwritable_out_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
-    import transformer_lib.loop as loop
+    import transformer_lib.training_run as training_run
 
     (tmp_path / "file").write_text("a file, where --out wants a folder")
-    monkeypatch.setattr(loop, "load_multi30k", lambda *a, **k: pytest.fail("the data was read"))
+    monkeypatch.setattr(training_run, "load_multi30k", lambda *a, **k: pytest.fail("the data was read"))
     code = main(["train", "--preset", "tiny", "--out", str(tmp_path / "file" / "run"), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err[-1].startswith(f"error: cannot write {tmp_path / 'file' / 'run'}: "), err
@@ -342,9 +345,10 @@ def test_non_finite_numbers_of_any_type_are_refused(kind):
 
 def _float16_that_always_overflows(monkeypatch):
     """The trainer as on a T4 (float16 autocast, so a loss scaler), with a loss that is never finite."""
+    import transformer_lib.trainer as trainer
     import transformer_lib.training_step as training_step
 
-    monkeypatch.setattr(training_step, "resolve_amp", lambda amp, device: torch.float16)
+    monkeypatch.setattr(trainer, "resolve_amp", lambda amp, device: torch.float16)
     original = training_step.LossComputation.forward
     monkeypatch.setattr(training_step.LossComputation, "forward",
                         lambda self, batch: tuple(x * math.inf for x in original(self, batch)))
@@ -367,15 +371,15 @@ def test_a_float16_run_whose_loss_scale_collapses_stops(tmp_path, tokenizer, mon
 
 def test_the_trainer_scales_the_loss_on_a_t4(tmp_path, tokenizer, monkeypatch):
     """amp="auto" on a T4 (capability 7.5) is float16, and the trainer then turns its loss scaler on."""
-    import transformer_lib.training_step as training_step
+    import transformer_lib.trainer as trainer
     from transformer_lib.runtime import amp_for_capability
 
-    monkeypatch.setattr(training_step, "resolve_amp", lambda amp, device: amp_for_capability((7, 5)))
+    monkeypatch.setattr(trainer, "resolve_amp", lambda amp, device: amp_for_capability((7, 5)))
     pairs = [([5, 6, 7], [8, 9])] * 4
     data = ([p[0] for p in pairs], [p[1] for p in pairs], [pairs[0][0]], [pairs[0][1]])
     run = Trainer(TrainConfig.from_preset("tiny", **SMALL), tmp_path, tokenizer, start_processes("cpu"), data,
                   progress=False)
-    assert run.amp == torch.float16 and run.scaler.is_enabled()
+    assert run.amp == torch.float16 and run.update.scaler.is_enabled()
 
 
 # ---------------------------------------------------------------- nothing stale, a finished run left alone
@@ -408,10 +412,10 @@ def test_a_resume_removes_the_learning_curve_snapshots_taken_after_its_checkpoin
 def test_metrics_are_rewritten_atomically(tmp_path, monkeypatch):
     import json
 
-    from transformer_lib import trainer
+    from transformer_lib import records
 
     path = tmp_path / "metrics.jsonl"
-    trainer.write_metrics(path, [{"step": 1}, {"step": 2}], mode="w")
+    records.write_metrics(path, [{"step": 1}, {"step": 2}], mode="w")
     calls = []
 
     def failing(obj):
@@ -420,9 +424,9 @@ def test_metrics_are_rewritten_atomically(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return json.dumps(obj)
 
-    monkeypatch.setattr(trainer.json, "dumps", failing)
+    monkeypatch.setattr(records.json, "dumps", failing)
     with pytest.raises(OSError):
-        trainer.write_metrics(path, [{"step": 1}, {"step": 2}, {"step": 3}], mode="w")
+        records.write_metrics(path, [{"step": 1}, {"step": 2}, {"step": 3}], mode="w")
     assert path.read_text().splitlines() == ['{"step": 1}', '{"step": 2}']  # the old log, whole
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
 
@@ -434,8 +438,8 @@ def test_only_the_writing_process_copies_the_state_to_the_cpu(tmp_path, tokenize
     pairs = [([5, 6, 7], [8, 9])] * 4
     data = ([p[0] for p in pairs], [p[1] for p in pairs], [pairs[0][0]], [pairs[0][1]])
     copies = []
-    original = trainer._on_the_cpu
-    monkeypatch.setattr(trainer, "_on_the_cpu", lambda obj: copies.append(1) or original(obj))
+    original = trainer.cpu_copy
+    monkeypatch.setattr(trainer, "cpu_copy", lambda obj: copies.append(1) or original(obj))
     rank1 = Trainer(TrainConfig.from_preset("tiny", **SMALL), tmp_path, tokenizer,
                     Processes(torch.device("cpu"), rank=1), data, progress=False)
     assert rank1.state() is None and copies == []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from transformer_lib import cli, records, runtime
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.config import TrainConfig
 from transformer_lib.runtime import UnsupportedSetting, check_runtime
 

@@ -16,11 +16,12 @@ from transformer_lib.config import TrainConfig
 from transformer_lib.data import load_multi30k
 from transformer_lib.distributed import start_processes
 from transformer_lib.layers import PositionwiseFeedForward
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.recipe import average_weights
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.trainer import Trainer
+from transformer_lib.training_step import TrainingBatches
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = str(Path(transformer_lib.__file__).parent)
@@ -57,25 +58,24 @@ def _trainer(config: TrainConfig, tokenizer: BPETokenizer, out: Path, **kwargs) 
 
 
 def test_a_step_reads_nothing_back_and_walks_no_modules_only_a_record_reads(tmp_path, tokenizer, monkeypatch):
-    config = TrainConfig.from_preset("tiny", **{**SMALL, "inner_dropout_from": 0.5, "max_steps": 6})
+    # a record every 6 steps: steps 1 to 5 are the loop's work between records (the step, the agreement, the
+    # schedule, the dropout, the sums), step 6 ends with a record
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "inner_dropout_from": 0.5, "max_steps": 6, "log_every": 6})
     run = _trainer(config, tokenizer, tmp_path)
-    batches = run.batches()
+    run.begin()
+    assert len(run.plan) > 6 * run.per_step  # no epoch ends (and no validation point) in these steps
     walks = []
     original = nn.Module.modules
     monkeypatch.setattr(nn.Module, "modules", lambda self: walks.append(1) or original(self))
     with HostReads() as reads:
-        for _ in range(6):  # the loop's work between records: the step, the agreement, the schedule, the dropout
-            sums, _ = run.train_step(batches)
-            decision = run.agree(0, len(batches))
-            run.schedule.progress = decision["progress"]
-            run.set_inner_dropout(decision["progress"])
-            run.schedule.step()
-            run.sums += sums
+        decisions = [run.step() for _ in range(5)]
     assert reads.calls == [] and walks == []
-    assert run.inner_on  # switched on halfway through the budget, without a walk
+    assert [d["record"] for d in decisions] == [None] * 5
+    assert run.inner_dropout.on  # switched on halfway through the budget, without a walk
     with HostReads() as reads:
-        run.summed(0)  # a record: the one place the host reads the sums
-    assert len(reads.calls) == 1 and reads.calls[0].startswith("trainer.py")
+        decision = run.step()  # a record: the one place the host reads the sums
+    assert decision["record"] is not None and decision["record"]["step"] == run.global_step == 6
+    assert len(reads.calls) == 1 and reads.calls[0].startswith("records.py") and walks == []
 
 
 def test_inner_dropout_sites_are_found_once_in_ours_and_in_pytorchs_layers():
@@ -107,7 +107,7 @@ def test_the_trainer_builds_the_model_its_factory_gives(tmp_path, tokenizer):
 def test_kept_weights_in_memory_equal_the_files_and_the_average_is_theirs(tmp_path, tokenizer):
     config = TrainConfig.from_preset("tiny", **{**SMALL, "average_last": 3}, eval_every=2, max_steps=8)
     run = _trainer(config, tokenizer, tmp_path)
-    run.history.append({"kind": "setup"})
+    run.metrics.history.append({"kind": "setup"})
     run.fit([0])
     on_disk = {int(p.stem[len("average"):]): load_checkpoint(p)["model"] for p in tmp_path.glob("average*.pt")}
     assert [k for k, _ in run.kept] == sorted(on_disk) == [4, 6, 8]
@@ -116,7 +116,7 @@ def test_kept_weights_in_memory_equal_the_files_and_the_average_is_theirs(tmp_pa
     expected = average_weights([on_disk[k] for k in (4, 6, 8)])  # the average read back from the files
     run.finish()
     model = load_checkpoint(tmp_path / "model.pt")
-    averaged = [r for r in run.history if r["kind"] == "averaged"][-1]
+    averaged = [r for r in run.metrics.history if r["kind"] == "averaged"][-1]
     chosen = expected if averaged["kept"] else load_checkpoint(tmp_path / "last.pt")["model"]
     assert all(torch.equal(model["model"][name], chosen[name]) for name in chosen)
 
@@ -150,16 +150,15 @@ def test_an_epoch_of_the_gpu_presets_data_in_fixed_shapes(tmp_path):
     groups = {-(-max(len(s) + 1, len(t) + 1) // 8) for s, t in zip(src, tgt)}
     shapes = set()
     for epoch in range(2):
-        run.epoch = epoch
-        batches = run.batches()
+        batches = run.batches.epoch(epoch)
         seen = sorted(i for idx in batches for i in idx if i >= 0)
         assert seen == list(range(len(src)))  # every pair once (the corpus fills whole steps: one process)
         for position in range(len(batches)):
-            batch = run.step_batches(batches, position)[0]
+            batch = run.batches.micro_batches(batches, position, run.device)[0]
             shapes.add((tuple(batch.src.shape), tuple(batch.tgt_in.shape)))
     assert len(shapes) == len(groups) <= 13
-    run.config = TrainConfig.from_preset("gpu", **small)
-    free = {(len(b), max(len(src[i]) for i in b), max(len(tgt[i]) for i in b)) for b in run.batches()}
+    today = TrainingBatches(src, tgt, TrainConfig.from_preset("gpu", **small), run.procs)
+    free = {(len(b), max(len(src[i]) for i in b), max(len(tgt[i]) for i in b)) for b in today.epoch(0)}
     assert len(free) > 2 * len(groups)  # today's batching: nearly one shape a batch
 
 
@@ -179,17 +178,17 @@ def test_fixed_shapes_leave_the_loss_per_real_token_unchanged(tmp_path, tokenize
             run.model.eval()
             criterion = LabelSmoothingLoss(tokenizer.vocab_size, tokenizer.pad_id, 0.1, reduction="sum")
             loss = nll = tokens = 0.0
-            batches = run.batches()
+            batches = run.batches.epoch(0)
             with torch.no_grad(), rows_have_keys():
                 for position in range(len(batches)):
-                    batch = run.step_batches(batches, position)[0]
+                    batch = run.batches.micro_batches(batches, position, run.device)[0]
                     a, b = batch_loss(run.model, batch, criterion)
                     loss, nll, tokens = loss + float(a), nll + float(b), tokens + batch.n_tgt_tokens
             totals.append((loss, nll, tokens, len({len(b) for b in batches})))
     finally:
         torch.set_default_dtype(previous)
     (loss0, nll0, tokens0, _), (loss8, nll8, tokens8, rows8) = totals
-    assert tokens8 == tokens0 == sum(len(t) + 1 for t in _trainer(config, tokenizer, tmp_path).train_tgt)
+    assert tokens8 == tokens0 == sum(len(t) + 1 for t in _trainer(config, tokenizer, tmp_path).batches.tgt_ids)
     # the generator's log-softmax runs in float32: sums in another order agree to ~1e-8; one more label would
     # move them by ~1e-4
     assert loss8 == pytest.approx(loss0, rel=1e-6) and nll8 == pytest.approx(nll0, rel=1e-6)
@@ -242,11 +241,12 @@ def test_compiled_fixed_shapes_stay_compiled_past_dynamos_limit(tmp_path, tokeni
         config = TrainConfig.from_preset("tiny", **{**SMALL, "dropout": 0.1, "max_tokens": 200, "length_bucket": 4,
                                                     "compile": True, "inner_dropout_from": 0.5})
         run = Trainer(config, tmp_path, tokenizer, start_processes("cpu"), data, progress=False)
-        sites.extend(run.inner_sites)
-        one_of_each = list({run.shape(idx): idx for idx in run.batches()}.values())
+        sites.extend(run.inner_dropout.sites)
+        one_of_each = list({run.batches.shape(idx): idx for idx in run.batches.epoch(0)}.values())
         assert len(one_of_each) == 9
         for progress in (0.0, 1.0):  # inner dropout off, then on: the rates each graph holds change
             run.set_inner_dropout(progress)
-            for run.position in range(len(one_of_each)):
-                run.train_step(one_of_each)
+            for position in range(len(one_of_each)):  # the optimiser step on each shape's batch
+                n_tgt, _ = run.batches.tokens(one_of_each[position : position + 1])
+                run.update(run.batches.micro_batches(one_of_each, position, run.device), n_tgt)
         assert counter.frame_count == 2 * 9

@@ -24,7 +24,7 @@ from transformer_lib.recipe import batch_loss
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.checkpoints import CheckpointError, check_model_config, load_checkpoint, save_checkpoint
 from transformer_lib.config import PRESETS, TrainConfig, parse_overrides
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, average_weights, cooldown_factor, make_batch, noam_rate, pad_ids, token_batches
 from transformer_lib.runtime import training_attention
 from transformer_lib.trainer import validation_loss
@@ -393,7 +393,7 @@ SCRIPT = textwrap.dedent(
     torch.set_num_threads(1)
     from transformer_lib.tokenizer import BPETokenizer
     from transformer_lib.config import TrainConfig
-    from transformer_lib.loop import train
+    from transformer_lib.training_run import train
     config = TrainConfig.from_preset(
         "tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1,
         train_subset=300, max_tokens=400, warmup=20, cooldown=0.5, epochs=5, log_every=3, average_last=2, seed=7)
@@ -471,19 +471,19 @@ def test_a_run_from_before_the_dropout_fields_resumes(tmp_path, small_tokenizer)
 def test_late_inner_dropout_switches_on_at_its_fraction_of_the_budget(tmp_path, small_tokenizer, monkeypatch):
     from transformer_lib.attention import MultiHeadAttention
     from transformer_lib.layers import PositionwiseFeedForward, SublayerConnection
-    from transformer_lib.trainer import Trainer
+    from transformer_lib.training_step import OptimiserStep
 
     seen = []  # the (attention, FFN, residual) rates of each step
-    original = Trainer.train_step
+    original = OptimiserStep.__call__
 
-    def recording(self, batches):
+    def recording(self, micro_batches, n_tgt):
         rates = {(type(m).__name__, m.dropout if isinstance(m, MultiHeadAttention) else m.dropout.p)
                  for m in self.model.modules()
                  if isinstance(m, (MultiHeadAttention, PositionwiseFeedForward, SublayerConnection))}
         seen.append(sorted(rates))
-        return original(self, batches)
+        return original(self, micro_batches, n_tgt)
 
-    monkeypatch.setattr(Trainer, "train_step", recording)
+    monkeypatch.setattr(OptimiserStep, "__call__", recording)
     tokenizer = BPETokenizer.load(small_tokenizer)
     config = TrainConfig.from_preset("tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
                                      dropout=0.1, train_subset=200, max_tokens=400, max_steps=6, epochs=1000,

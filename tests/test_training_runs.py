@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_lib import loop, runtime, trainer, training_step
+from transformer_lib import runtime, trainer, training_step
 from transformer_lib.model import Transformer
 from transformer_lib.data import load_multi30k
 from transformer_lib.tokenizer import BPETokenizer
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
 from transformer_lib.config import TrainConfig
-from transformer_lib.loop import train
+from transformer_lib.training_run import train
 from transformer_lib.runtime import UnsupportedSetting, amp_for_capability, check_runtime, resolve_amp
+from transformer_lib.clock import RunClock
 from transformer_lib.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,14 @@ def test_auto_amp_from_the_device_capability():
 
 
 def test_snapshots_are_kept_every_snapshot_minutes(tmp_path, tokenizer, monkeypatch):
-    monkeypatch.setattr(Trainer, "minutes", lambda self: self.step / 2)  # a clock of half a minute per step
+    runs, init = [], Trainer.__init__  # the run whose steps the clock below counts
+
+    def keep(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(Trainer, "__init__", keep)
+    monkeypatch.setattr(RunClock, "minutes", lambda self: runs[-1].global_step / 2)  # half a minute per step
     train(TrainConfig.from_preset("tiny", **SMALL, max_steps=7, snapshot_minutes=1.0), tmp_path, progress=False,
           tokenizer=tokenizer)
     found = sorted(tmp_path.glob("snapshot*.pt"))
@@ -182,7 +190,7 @@ SCRIPT = textwrap.dedent(
     torch.set_num_threads(1)
     from transformer_lib.tokenizer import BPETokenizer
     from transformer_lib.config import TrainConfig
-    from transformer_lib.loop import train
+    from transformer_lib.training_run import train
     try:
         train(TrainConfig.from_preset("tiny", **json.loads(sys.argv[4])), sys.argv[1], resume=sys.argv[2] == "resume",
               progress=False, tokenizer=BPETokenizer.load(sys.argv[3]))

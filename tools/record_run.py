@@ -37,7 +37,7 @@ from transformer_lib.config import TrainConfig  # noqa: E402
 from transformer_lib.data import directed, load_multi30k  # noqa: E402
 from transformer_lib.recipe import encode_pairs, token_batches  # noqa: E402
 from transformer_lib.tokenizer import BPETokenizer  # noqa: E402
-from transformer_lib.training_step import OVERHEAD_PARTS  # noqa: E402
+from transformer_lib.clock import OVERHEAD_PARTS  # noqa: E402
 from transformer_lib.records import evaluate_checkpoint, learning_curve, peak_flops, training_flops  # noqa: E402
 from transformer_lib.translate import Translator, evaluate_bleu  # noqa: E402
 
