@@ -250,3 +250,31 @@ def test_compiled_fixed_shapes_stay_compiled_past_dynamos_limit(tmp_path, tokeni
                 n_tgt, _ = run.batches.tokens(one_of_each[position : position + 1])
                 run.update(run.batches.micro_batches(one_of_each, position, run.device), n_tgt)
         assert counter.frame_count == 2 * 9
+
+
+def test_fit_is_step_in_a_loop(tmp_path, tokenizer):
+    """Trainer.step is the whole step: a run driven by hand, step() until the processes agree to stop, then the end
+    fit gives it (a last validation, last.pt), leaves the same weights, records and files as fit itself. Anything fit
+    did between steps that step() does not would show here."""
+    # two epochs of records, validation points by data and by steps, checkpoints by steps, late dropout, a cooldown
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "epochs": 2, "eval_epochs": 0.5, "checkpoint_every": 3,
+                                                "inner_dropout_from": 0.5, "cooldown": 0.3, "average_last": 2})
+    for name in ("fit", "hand"):
+        (tmp_path / name).mkdir()
+    fitted = _trainer(config, tokenizer, tmp_path / "fit")
+    fitted.fit([0])
+    by_hand = _trainer(config, tokenizer, tmp_path / "hand")
+    decision = by_hand.begin()
+    while by_hand.epoch < config.epochs and not decision["stop"]:
+        decision = by_hand.step()
+    by_hand.validate_end()
+    by_hand.checkpoint()
+    by_hand.flush()
+    assert by_hand.global_step == fitted.global_step > 2 * 3  # more than two checkpoints' worth of steps
+    for a, b in zip(fitted.model.state_dict().values(), by_hand.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    timeless = [{k: v for k, v in r.items() if k not in ("minutes", "tokens_per_s")} for r in fitted.metrics.history]
+    assert timeless == [{k: v for k, v in r.items() if k not in ("minutes", "tokens_per_s")}
+                        for r in by_hand.metrics.history]
+    assert {"train", "val"} <= {r["kind"] for r in timeless}
+    assert sorted(p.name for p in (tmp_path / "fit").iterdir()) == sorted(p.name for p in (tmp_path / "hand").iterdir())
