@@ -14,7 +14,8 @@ earlier form, is converted; Colab showed it as raw text). The sentence "The code
 is dropped. The code cells that follow a solution's markdown cell, up to the next markdown cell, get the tag
 `hide-cell` (the site folds input and output; it replaces `hide-input` and `hide-output`) and the metadata
 `jupyter: {source_hidden: true, outputs_hidden: true}` (Jupyter folds them too). A cell tagged `remove-cell` is left
-as it is.
+as it is. Any other code cell that the site folds gets the same metadata, so that Jupyter folds it too: `hide-input`
+its source, `hide-cell` its source and output.
 
     python tools/fold_solutions.py [NOTEBOOK ...] [--check]
 
@@ -37,6 +38,8 @@ FOLLOWS_AND = re.compile(r"The code of the solution follows, folded; it ")
 HIDDEN = {"source_hidden": True, "outputs_hidden": True}
 TAG = "hide-cell"
 REPLACED = ("hide-input", "hide-output")
+# what Jupyter folds of a cell that the site folds by its tag
+JUPYTER_FOLDS = {"hide-input": {"source_hidden": True}, "hide-cell": HIDDEN}
 
 
 def folded(title: str, body: str) -> str:
@@ -75,6 +78,13 @@ def fold_code(cell: dict) -> None:
     cell["metadata"]["jupyter"] = {**cell["metadata"].get("jupyter", {}), **HIDDEN}
 
 
+def fold_tagged(cell: dict) -> None:
+    """A code cell that the site folds (hide-input, hide-cell) folds in Jupyter too."""
+    for tag, hidden in JUPYTER_FOLDS.items():
+        if tag in cell["metadata"].get("tags", []):
+            cell["metadata"]["jupyter"] = {**cell["metadata"].get("jupyter", {}), **hidden}
+
+
 def change(path: Path, nb: dict) -> dict:
     in_solution = False
     for cell in nb["cells"]:
@@ -86,6 +96,8 @@ def change(path: Path, nb: dict) -> dict:
             in_solution = is_solution(cell)
         elif cell["cell_type"] == "code" and in_solution:
             fold_code(cell)
+        elif cell["cell_type"] == "code":
+            fold_tagged(cell)
     return nb
 
 

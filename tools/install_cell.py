@@ -59,8 +59,8 @@ def install_source() -> str:
     """The source of the first code cell of every notebook."""
     return (
         f"{MARKER}. Opened alone (as in Colab), a notebook clones the book's repository\n"
-        f"# at the ref of its version into {COPY}/ and works in its book/ folder, where results/ and\n"
-        "# figures/ are. Then, as in any clone, it installs the clone's transformer_lib unless that\n"
+        f"# at the ref of its version into {COPY}/ and works in its book/ folder (figures/ is in it,\n"
+        "# results/ beside it). Then, as in any clone, it installs the clone's transformer_lib unless that\n"
         "# version is there.\n"
         "import importlib, importlib.metadata, os, subprocess, sys\n"
         "from pathlib import Path\n"

@@ -158,8 +158,9 @@ def model_card(card: dict[str, Any]) -> str:
         "Short German descriptions of everyday scenes, like the image captions it learned from. "
         "Rare words, which "
         "the tokenizer cuts into many pieces, fail more often (chapter 14 of the book shows how); "
-        "longer sentences, "
-        "other domains and names were not measured. It is a "
+        "sources of 17 "
+        "words or more score lower (chapter 13 measures it by length); other domains and names "
+        "were not measured. It is a "
         "teaching model of a few million parameters, not a general translator.", "",
         "## Use", "",
         "```python", "from transformer_lib import Translator", "",
