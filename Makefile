@@ -9,7 +9,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: book test test-other-kernels colab env export check-export html execute bench clean gpu-data
+.PHONY: book test test-browser test-other-kernels colab env export check-export html execute bench clean gpu-data
 
 ## Set up the environment and build the book into _build/html.
 book: env html
@@ -32,7 +32,11 @@ OTHER_KERNELS ?= ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX
 ## notebook, on one worker a core with one thread each.
 test: env
 	$(VENV)/bin/ruff check .
-	$(PYTEST) $(NBVAL) tests book
+	$(PYTEST) $(NBVAL) --ignore=tests/browser tests book
+
+## The built book in headless Chromium (tests/browser): what a reader's browser shows. Needs Debian's `chromium`.
+test-browser: html
+	$(PY) -m pytest -q tests/browser
 
 ## What CI runs after `make test`: every notebook again with the math kernels on another path, against the same
 ## stored outputs, and the Colab-like runs beside it.
