@@ -74,9 +74,11 @@ export: env
 check-export: env
 	$(PY) -m pytest -q tests/test_export.py
 
-## The book, from the stored outputs. MathJax comes with it (sphinx-mathjax-offline), so it reads offline.
+## The book, from the stored outputs. MathJax comes with it (sphinx-mathjax-offline), so it reads offline. Then the
+## browser translator of appendix E: its scripts and the shipped model's weights (tools/web_model.py).
 html: env
 	$(VENV)/bin/jupyter-book build -W --keep-going .
+	$(PY) tools/web_model.py _build/html
 
 ## Run one notebook top to bottom and store its outputs: make execute NB=book/05_attention.ipynb
 execute: env
