@@ -63,7 +63,22 @@
     next();
   }
 
+  const STYLE = [
+    ".book-translator textarea { width: 100%; box-sizing: border-box; font-size: 1rem; }",
+    ".book-translator .bt-output { font-size: 1.15rem; font-weight: 600; min-height: 1.5em; }",
+    ".bt-scroll { max-width: 100%; overflow-x: auto; }",
+    ".bt-map { border-collapse: collapse; font-size: 0.75rem; }",
+    ".bt-map td { width: 1.4em; min-width: 1.4em; height: 1.4em; padding: 0; border: 1px solid #eee; }",
+    ".bt-map th { font-weight: normal; padding: 0 0.3em; white-space: nowrap; }",
+    ".bt-map th.bt-tgt { text-align: right; }",
+    ".bt-map th.bt-src { vertical-align: bottom; height: 6em; }",
+    ".bt-map th.bt-src span { writing-mode: vertical-rl; transform: rotate(180deg); }",
+  ].join("\n");
+
   function start() {
+    const style = document.createElement("style");
+    style.textContent = STYLE;
+    document.head.appendChild(style);
     if (!window.TRANSLATOR_MODEL || !window.BookTranslator) {
       $("bt-status").textContent = "The model's files did not load: the box works on the book's site, built with make html.";
       return;
