@@ -207,7 +207,7 @@
   }
   // Translator.encode: tokens cut to max_len - 1, then eos; clean_text makes lone surrogates U+FFFD
   BookTranslator.prototype.source = function (text) {
-    const clean = text.replace(/[\ud800-\udfff]/g, "\ufffd"), limit = this.config.max_len - 1;
+    const clean = text.replace(/[\ud800-\udfff]/gu, "\ufffd"), limit = this.config.max_len - 1;
     const ids = this.tokenizer.encode(clean), cut = ids.length > limit;
     return { ids: ids.slice(0, limit).concat([this.config.eos_id]), cut: cut, limit: limit };
   };
