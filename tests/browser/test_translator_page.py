@@ -99,3 +99,18 @@ def test_any_input_gets_what_the_command_line_gives(page, translator, text):
     assert ours["text"] == translator.tokenizer.decode(expected)
     cut = translator.encode([text])[1]
     assert ("truncated" in ours["note"]) == bool(cut)
+
+
+@pytest.mark.parametrize("width,height", [(1280, 2000), (390, 844)])
+def test_the_box_and_its_heatmap_fit_the_column(site, page_at, width, height):
+    page = page_at((site / PAGE).as_uri(), width, height)
+    page.wait_for_function("window.BookTranslatorPage && window.BookTranslatorPage.done", timeout=60_000)
+    page.fill("#bt-input", "Zwei junge Männer spielen auf einem grünen Feld Fußball, während ein Hund zusieht.")
+    page.evaluate("window.BookTranslatorPage.done = 0")
+    page.click("#bt-go")
+    page.wait_for_function("window.BookTranslatorPage.done", timeout=30_000)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
+    box = page.locator(".book-translator").bounding_box()
+    column = page.locator("article").bounding_box()
+    assert column["x"] <= box["x"] and box["x"] + box["width"] <= column["x"] + column["width"]
+    assert page.locator("#bt-heatmap td").count() > 0
