@@ -5,6 +5,7 @@
   const $ = (id) => document.getElementById(id);
   const state = { translator: null, run: 0, result: null, drawn: null };
   window.BookTranslatorPage = state;
+  const MAX_CELLS = 4000;  // a table up to this many cells; a canvas above
 
   function escapeText(s) { const d = document.createElement("span"); d.textContent = s; return d.innerHTML; }
 
@@ -27,6 +28,17 @@
     const targets = r.ids.slice(0, rows.length).map((i) => tok.token(i));
     while (targets.length < rows.length) targets.push(tok.token(eos));
     const sources = r.source.map((i) => tok.token(i));
+    if (rows.length * sources.length > MAX_CELLS) {  // too many cells for a table: a canvas, 2 px a cell, unlabelled
+      const canvas = document.createElement("canvas"), g = canvas.getContext("2d");
+      canvas.width = 2 * sources.length; canvas.height = 2 * rows.length;
+      rows.forEach((row, t) => row.forEach((w, j) => {
+        const shade = Math.round(255 * (1 - w));
+        g.fillStyle = `rgb(${shade}, ${shade}, 255)`; g.fillRect(2 * j, 2 * t, 2, 2);
+      }));
+      box.innerHTML = `<p>${rows.length} target pieces by ${sources.length} source pieces: too many to label.</p>`;
+      box.appendChild(canvas);
+      return;
+    }
     let html = '<table class="bt-map"><thead><tr><th></th>';
     for (const s of sources) html += `<th class="bt-src"><span>${escapeText(s.replace(/ /g, "\u2423"))}</span></th>`;
     html += "</tr></thead><tbody>";

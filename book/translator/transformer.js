@@ -155,14 +155,20 @@
   }
 
   // ---- the model: encoder, cached decoder step, tied generator ----------------------------------
-  function encode(W, c, src) {
+  // the encoder, one layer at a time (a generator: the page may yield between layers); returns the memory
+  function* encoding(W, c, src) {
     let xs = src.map((id, t) => embed(W, id, t, c));
     for (let l = 0; l < c.n_encoder_layers; l++) {
       const p = "encoder.layers." + l, [K, V] = keysValues(W, p + ".self_attn", xs, c);
       xs = xs.map((x) => sublayer(W, p + ".sublayers.0", x, attend(W, p + ".self_attn", x, K, V, c)[0]));
       xs = xs.map((x) => sublayer(W, p + ".sublayers.1", x, ffn(W, p + ".ffn", x, c)));
+      yield l;
     }
     return xs;  // the memory (S rows)
+  }
+  function encode(W, c, src) {
+    const layers = encoding(W, c, src);
+    for (;;) { const { value, done } = layers.next(); if (done) return value; }
   }
   function Decoder(W, c, memory) {
     this.W = W; this.c = c; this.t = 0;
@@ -219,7 +225,10 @@
     const src = this.source(text);
     if (src.cut) result.note = `The sentence is longer than ${src.limit} tokens, the most the model has positions for: it was truncated to its first ${src.limit} tokens.`;
     result.source = src.ids;
-    const memory = this.encode(src.ids), dec = new Decoder(this.W, c, memory);
+    const layers = encoding(this.W, c, src.ids);
+    let memory;
+    for (;;) { const { value, done } = layers.next(); if (done) { memory = value; break; } yield result; }
+    const dec = new Decoder(this.W, c, memory);
     const steps = Math.min(src.ids.length + 50, c.max_len);
     let id = c.bos_id;
     for (let s = 0; s < steps; s++) {
