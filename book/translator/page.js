@@ -28,12 +28,13 @@
     const targets = r.ids.slice(0, rows.length).map((i) => tok.token(i));
     while (targets.length < rows.length) targets.push(tok.token(eos));
     const sources = r.source.map((i) => tok.token(i));
-    if (rows.length * sources.length > MAX_CELLS) {  // too many cells for a table: a canvas, 2 px a cell, unlabelled
+    if (rows.length * sources.length > MAX_CELLS) {  // too many cells for a table: an unlabelled canvas
       const canvas = document.createElement("canvas"), g = canvas.getContext("2d");
-      canvas.width = 2 * sources.length; canvas.height = 2 * rows.length;
+      const cw = Math.max(1, Math.floor(700 / sources.length)), ch = Math.max(2, Math.floor(400 / rows.length));
+      canvas.width = cw * sources.length; canvas.height = ch * rows.length;
       rows.forEach((row, t) => row.forEach((w, j) => {
         const shade = Math.round(255 * (1 - w));
-        g.fillStyle = `rgb(${shade}, ${shade}, 255)`; g.fillRect(2 * j, 2 * t, 2, 2);
+        g.fillStyle = `rgb(${shade}, ${shade}, 255)`; g.fillRect(cw * j, ch * t, cw, ch);
       }));
       box.innerHTML = `<p>${rows.length} target pieces by ${sources.length} source pieces: too many to label.</p>`;
       box.appendChild(canvas);
@@ -68,7 +69,7 @@
       const r = state.result, ms = performance.now() - started;
       $("bt-output").textContent = r.text;
       $("bt-status").textContent = (r.note ? r.note + " " : "") +
-        (r.source.length ? `${r.source.length} source tokens, ${r.ids.length} target tokens, ${Math.round(ms)} ms.` : "");
+        (r.source.length ? `${r.source.length} source tokens with <eos>, ${r.ids.length} target tokens, ${Math.round(ms)} ms.` : "");
       draw();
       state.done = run;
     }

@@ -161,6 +161,7 @@
     for (let l = 0; l < c.n_encoder_layers; l++) {
       const p = "encoder.layers." + l, [K, V] = keysValues(W, p + ".self_attn", xs, c);
       xs = xs.map((x) => sublayer(W, p + ".sublayers.0", x, attend(W, p + ".self_attn", x, K, V, c)[0]));
+      yield l;
       xs = xs.map((x) => sublayer(W, p + ".sublayers.1", x, ffn(W, p + ".ffn", x, c)));
       yield l;
     }
