@@ -38,7 +38,6 @@ KNOWN_DEFECTS: set[tuple[str, int]] = {
     ("03_embeddings", 1280),
     ("04_positional_encoding", 1280),
     ("05_attention", 1280),
-    ("06_multi_head_attention", 1280),
     ("10_transformer", 1280),
     ("12b_fast_decoding", 1280),
     ("13_translator", 1280),
@@ -86,7 +85,7 @@ async (width) => {
   const ar = art.getBoundingClientRect();
   const colRight = ar.left + art.clientWidth;
   const label = (el) => {
-    const t = (el.innerText || el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 50);
+    const t = Array.from((el.innerText || el.textContent || '').replace(/\s+/g, ' ').trim()).slice(0, 50).join('');
     return el.tagName.toLowerCase() + ' "' + t + '"';
   };
   const px = (x) => Math.round(x);
