@@ -67,7 +67,7 @@ def test_cpu_flags_are_read_from_cpuinfo_lines(monkeypatch, tmp_path):
 
 
 def test_fp16_on_a_cpu_warns():
-    with pytest.warns(UserWarning, match="amp=fp16: CPUs have no float16"):
+    with pytest.warns(UserWarning, match="amp=fp16: PyTorch.s CPU kernels are slow in float16"):
         try:
             check_runtime(CPU, "fp16")
         except UnsupportedSetting:
