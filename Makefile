@@ -4,10 +4,19 @@
 # PyTorch's OpenMP threads spin while they wait; with two notebooks sharing two cores that spinning
 # slows small matrix products by an order of magnitude. Passive waiting keeps both threads useful.
 export OMP_WAIT_POLICY ?= PASSIVE
-PYTHON ?= python3.11
+# The first of Python 3.11, 3.12 and 3.13 that runs here (`PYTHON=python3.13 make book` chooses). A name that only
+# exists as a pyenv shim for a version not selected fails to run, so each is tried, not just looked up.
+ifndef PYTHON
+PYTHON := $(shell for p in python3.11 python3.12 python3.13; do $$p -c "" 2>/dev/null && { echo $$p; break; }; done)
+endif
+ifeq ($(strip $(PYTHON)),)
+$(error no Python 3.11, 3.12 or 3.13 found; install one, or name it: make PYTHON=/path/to/python3.x)
+endif
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-TORCH_SPEC ?= torch==2.13.0
+# torch 2.13.0, a CPU build, for Python 3.11; for another Python, what requirements.txt's range allows.
+PYTHON_VERSION := $(shell $(PYTHON) -c "import sys; print('%d.%d' % sys.version_info[:2])")
+TORCH_SPEC ?= $(if $(filter 3.11,$(PYTHON_VERSION)),torch==2.13.0,torch>=2.11)
 
 .PHONY: book test test-browser test-other-kernels colab env export check-export html execute bench clean gpu-data
 

@@ -31,6 +31,49 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch):
         check_runtime(CPU, "bf16")
 
 
+@pytest.mark.parametrize("machine, flags, expected", [
+    ("x86_64", "fpu sse2 avx2 avx512f avx512bw avx512_bf16", True),   # Cooper Lake, Zen 4
+    ("x86_64", "fpu sse2 avx2 avx512f avx512bw amx_tile amx_bf16", True),  # AMX
+    ("x86_64", "fpu sse2 avx2 avx512f avx512bw avx512_vnni", False),  # Skylake / Cascade Lake: emulated
+    ("x86_64", "fpu sse2 avx2 fma", False),
+    ("AMD64", "avx512_bf16", True),
+    ("aarch64", "fp asimd sve bf16 i8mm", True),                      # Neoverse V1 / N2
+    ("aarch64", "fp asimd atomics", False),                           # Neoverse N1
+    ("aarch64", "fp asimd svebf16", False),                           # another flag, not BF16
+    ("riscv64", "bf16", False),
+])
+def test_bf16_is_native_only_with_the_hardware_flags(monkeypatch, machine, flags, expected):
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: set(flags.split()))
+    monkeypatch.setattr(runtime.platform, "machine", lambda: machine)
+    # oneDNN's own check says yes on any AVX-512 CPU; the choice must not follow it
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True, raising=False)
+    assert runtime.cpu_has_native_bf16() is expected
+    assert runtime.resolve_amp("auto", CPU) == (torch.bfloat16 if expected else None)
+
+
+def test_cpu_flags_are_read_from_cpuinfo_lines(monkeypatch, tmp_path):
+    x86 = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\nbugs\t\t: spectre_v1\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd bf16\nCPU part\t: 0xd40\n"
+    import builtins
+    real_open = builtins.open
+    for text, flag in [(x86, "avx512_bf16"), (arm, "bf16")]:
+        (tmp_path / "cpuinfo").write_text(text)
+        monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(
+            tmp_path / "cpuinfo" if path == "/proc/cpuinfo" else path, *a, **k))
+        flags = runtime.cpu_flags()
+        assert flag in flags and "spectre_v1" not in flags and "0xd40" not in flags
+    monkeypatch.setattr(builtins, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no such file")))
+    assert runtime.cpu_flags() == set()
+
+
+def test_fp16_on_a_cpu_warns():
+    with pytest.warns(UserWarning, match="amp=fp16: PyTorch.s CPU kernels are slow in float16"):
+        try:
+            check_runtime(CPU, "fp16")
+        except UnsupportedSetting:
+            pytest.skip("this PyTorch has no float16 autocast on the CPU")
+
+
 @pytest.mark.parametrize("amp, name", [("fp16", "fp16"), ("bf16", "bf16")])
 def test_autocast_that_does_nothing_is_refused(monkeypatch, amp, name):
     # Old CPU builds of PyTorch only warn for an unsupported autocast dtype and then compute in float32.

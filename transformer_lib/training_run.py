@@ -7,6 +7,7 @@ __all__ = ['TrainResult', 'resumed_config', 'train', 'plot_losses']
 
 # %% ../book/eng_training_runs.ipynb #cba1d682
 import json
+import os
 import signal
 import tempfile
 import time
@@ -179,6 +180,27 @@ def _prepare(
     return tokenizer, (train_src, train_tgt, val_src, val_tgt), (len(train_pairs), len(val_pairs))
 
 
+def _hold_folder(out: Path) -> Any:
+    """The open lock file of out, locked by this process (the system drops the lock when the
+    process ends, however it ends); TrainingError naming the holder while a live run holds it."""
+    import fcntl  # Linux and macOS
+
+    lock = open(out / "run.lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise TrainingError(f"{out} is held by a live run, process {holder}: wait for it to "
+                            "end, or use another folder") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 def _check_writable(out: Path) -> None:
     """OSError naming out unless the run folder can be made and written: checked before any work."""
     try:
@@ -230,6 +252,7 @@ def train(
     t0 = time.perf_counter()
     procs = start_processes(config.device)
     threads, tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
+    held = None
     try:
         if state is not None:
             changes = _check_resume(state, config, out / "last.pt", tokenizer, procs)
@@ -257,6 +280,8 @@ def train(
         check_runtime(procs.device, config.amp, config.compile)
         if procs.main:
             _check_writable(out)  # an unwritable folder stops the run before any work
+            # one run owns the folder: rank 0 holds it for all the ranks of its run
+            held = _hold_folder(out)
         if procs.device.type == "cpu":
             # more steps on a CPU (14% in the half hour): each step reuses the last one's memory
             keep_freed_memory()
@@ -300,6 +325,8 @@ def train(
         run.model.eval()
         return TrainResult(run.model, tokenizer, run.metrics.history, run.out)
     finally:
+        if held is not None:
+            held.close()
         procs.close()
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = tf32
