@@ -183,9 +183,11 @@ def _prepare(
 def _hold_folder(out: Path) -> Any:
     """The open lock file of out, locked by this process (the system drops the lock when the
     process ends, however it ends); TrainingError naming the holder while a live run holds it."""
-    import fcntl  # Linux and macOS
-
     lock = open(out / "run.lock", "a+")
+    try:
+        import fcntl  # Linux and macOS; Windows has no flock, and its runs go on unheld
+    except ImportError:
+        return lock
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
