@@ -44,6 +44,26 @@ def test_a_second_train_into_a_held_folder_is_refused_in_one_line(tmp_path):
         holder.wait()
 
 
+def test_a_held_folder_with_a_checkpoint_is_refused_for_the_lock_first(tmp_path):
+    """A live run has written last.pt: a second run, resuming or not, is told who holds the folder (not to resume),
+    and the checkpoint is left as it was."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "last.pt").write_bytes(b"a live run's checkpoint")
+    holder = _holder(out)
+    try:
+        for resume in ([], ["--resume"]):
+            second = subprocess.run([CLI, "train", "--preset", "tiny", "--out", str(out), "--quiet", *resume],
+                                    capture_output=True, text=True, env={**os.environ, "RANK": "0"})
+            assert second.returncode != 0
+            errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and f"process {holder.pid}" in errors[0], second.stderr
+        assert (out / "last.pt").read_bytes() == b"a live run's checkpoint"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_killed_holder_leaves_the_folder_free(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

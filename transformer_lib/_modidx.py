@@ -668,6 +668,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'transformer_lib/training_run.py'),
                                               'transformer_lib.training_run._stop_on_signals': ( 'eng_training_runs.html#_stop_on_signals',
                                                                                                  'transformer_lib/training_run.py'),
+                                              'transformer_lib.training_run.check_folder_free': ( 'eng_training_runs.html#check_folder_free',
+                                                                                                  'transformer_lib/training_run.py'),
                                               'transformer_lib.training_run.plot_losses': ( 'eng_training_runs.html#plot_losses',
                                                                                             'transformer_lib/training_run.py'),
                                               'transformer_lib.training_run.resumed_config': ( 'eng_training_runs.html#resumed_config',

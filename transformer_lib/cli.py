@@ -223,13 +223,19 @@ def run_train(args: argparse.Namespace) -> int:
     if args.resume and not resume and main_process:
         print(f"--resume: {out} holds no last.pt to resume, so this starts a new run there",
               file=sys.stderr)
+    # imported here: translating and evaluating never load the trainer
+    from transformer_lib.distributed import ProcessFailure
+    from transformer_lib.trainer import TrainingError
+    from transformer_lib.training_run import check_folder_free, resumed_config, train
+
+    if main_process:  # a live run's folder, whatever it holds: say who holds it
+        try:
+            check_folder_free(out)
+        except TrainingError as err:
+            raise CommandError(str(err), EXIT_USAGE) from None
     if not resume and (out / "last.pt").exists():
         raise CommandError(f"{out} already holds a run: add --resume to continue it, or choose "
                            "another --out", EXIT_USAGE)
-    # imported here: translating and evaluating never load the trainer
-    from transformer_lib.distributed import ProcessFailure
-    from transformer_lib.training_run import resumed_config, train
-    from transformer_lib.trainer import TrainingError
 
     changes = (dict(zip(CORPUS_FIELDS, args.train_files + args.val_files)) if args.train_files
                else {})
