@@ -18,7 +18,7 @@ PY     := $(VENV)/bin/python
 PYTHON_VERSION := $(shell $(PYTHON) -c "import sys; print('%d.%d' % sys.version_info[:2])")
 TORCH_SPEC ?= $(if $(filter 3.11,$(PYTHON_VERSION)),torch==2.13.0,torch>=2.11)
 
-.PHONY: book test test-browser test-other-kernels colab env export check-export html execute bench clean gpu-data
+.PHONY: book test test-browser test-other-kernels test-colab-versions env-colab colab env export check-export html execute bench clean gpu-data
 
 ## Set up the environment and build the book into _build/html.
 book: env html
@@ -61,9 +61,31 @@ test-other-kernels: env
 ## Chapters as a Colab reader first runs them: each notebook alone in an empty folder, in a fresh Python holding
 ## only torch, numpy, matplotlib and ipykernel, its set-up cell cloning the repository (served from this commit).
 ## The longest first: two at a time, the two short ones share a core while chapter 13 trains on the other.
+## Their Python and torch are this environment's unless named: CI names Colab's (COLAB_PYTHON, COLAB_TORCH).
 COLAB_NOTEBOOKS ?= book/13_translator.ipynb book/01_tokens.ipynb book/10_transformer.ipynb
+COLAB_PYTHON ?= $(PYTHON)
+COLAB_TORCH ?= $(TORCH_SPEC)
 colab: env
-	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) tools/colab_run.py --torch "$(TORCH_SPEC)" $(COLAB_NOTEBOOKS)
+	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) tools/colab_run.py --python "$(COLAB_PYTHON)" \
+	  --torch "$(COLAB_TORCH)" $(COLAB_NOTEBOOKS)
+
+## Colab's versions, as its runtime reported them in 2026-08 (CONTRIBUTING): Python 3.13 and torch 2.11, in an
+## environment of their own (.venv-colab). A Python 3.13 on the PATH, else pyenv's.
+COLAB_VERSIONS_PYTHON ?= $(shell for p in python3.13 $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
+                           $$p -c "" 2>/dev/null && { echo $$p; break; }; done)
+COLAB_VERSIONS_TORCH ?= torch==2.11.0
+COLAB_VENV ?= .venv-colab
+
+env-colab:
+	@test -n "$(COLAB_VERSIONS_PYTHON)" || { echo "no Python 3.13 found; name one: COLAB_VERSIONS_PYTHON=..."; exit 1; }
+	$(MAKE) --no-print-directory env VENV=$(COLAB_VENV) PYTHON=$(COLAB_VERSIONS_PYTHON) TORCH_SPEC=$(COLAB_VERSIONS_TORCH)
+
+## The library's tests (the notebooks aside) under Colab's versions. CI also runs the Colab-like runs with them:
+## make test-other-kernels COLAB_PYTHON=.venv-colab/bin/python COLAB_TORCH=torch==2.11.0
+test-colab-versions: env-colab
+	$(COLAB_VENV)/bin/python -c "import platform, torch; print('Python', platform.python_version(), 'torch', torch.__version__)"
+	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(COLAB_VENV)/bin/python -m pytest -n $(WORKERS) --dist loadfile \
+	  --no-loadscope-reorder -q --ignore=tests/browser tests
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -2,6 +2,7 @@
 has only what Colab has before the first cell (torch, numpy, matplotlib, ipykernel), its set-up cell active.
 
     python tools/colab_run.py book/01_tokens.ipynb book/10_transformer.ipynb book/13_translator.ipynb
+    python tools/colab_run.py --python python3.13 --torch torch==2.11.0 book/13_translator.ipynb
 
 The set-up cell clones the repository from its public URL; here git rewrites that URL to a local copy of the
 commit under test (the working tree's tracked files, uncommitted changes included), so nothing leaves the machine
@@ -54,10 +55,10 @@ def serve_repository(work: Path) -> Path:
     return config
 
 
-def fresh_python(work: Path, torch_spec: str) -> Path:
-    """A new virtual environment with torch and Colab's other preinstalled packages."""
+def fresh_python(work: Path, torch_spec: str, python: str = sys.executable) -> Path:
+    """A new virtual environment of `python` with torch and Colab's other preinstalled packages."""
     venv = work / "venv"
-    run(sys.executable, "-m", "venv", venv)
+    run(python, "-m", "venv", venv)
     run(venv / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, *COLAB_PACKAGES)
     return venv
 
@@ -66,7 +67,8 @@ def runtime_for(notebook: Path, venv: Path, work: Path) -> tuple[Path, str]:
     """A copy of the fresh environment for one notebook (Colab gives each notebook a runtime of its own), registered
     as a kernel; its python and the kernel's name."""
     copy = work / f"venv-{notebook.stem}"
-    shutil.copytree(venv, copy, symlinks=True)
+    # hard links: a CUDA build of torch is several GB, and nothing installed later writes into its files
+    shutil.copytree(venv, copy, symlinks=True, copy_function=os.link)
     name = f"{KERNEL}-{notebook.stem}".lower().replace("_", "-")
     run(copy / "bin" / "python", "-m", "ipykernel", "install", "--prefix", work / "jupyter", "--name", name,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -116,14 +118,18 @@ def main() -> None:
     parser.add_argument("notebooks", nargs="+")
     parser.add_argument("--work", type=Path, default=ROOT / "_build" / "colab-like", help="a folder to start afresh")
     parser.add_argument("--torch", default=os.environ.get("TORCH_SPEC", "torch==2.13.0"), help="pip's torch spec")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the Python of the fresh runtimes (default: this one)")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks at once")
     args = parser.parse_args()
     start = time.perf_counter()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     work = args.work.resolve()
-    fresh_python(work, args.torch)
-    print(f"fresh Python with {args.torch} and {', '.join(COLAB_PACKAGES)} ({time.perf_counter() - start:.0f} s)")
+    venv = fresh_python(work, args.torch, args.python)
+    version = run(venv / "bin" / "python", "-c", "import platform; print(platform.python_version())",
+                  capture_output=True, text=True).stdout.strip()
+    print(f"fresh Python {version} with {args.torch} and {', '.join(COLAB_PACKAGES)} ({time.perf_counter() - start:.0f} s)")
     # The kernels see what a Colab runtime would: no repository on the path, the public URL served locally.
     for name in ("PYTHONPATH", "VIRTUAL_ENV"):
         os.environ.pop(name, None)
