@@ -93,6 +93,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	@# tools/ on the path, so that nbdev-export finds its export processor (pyproject.toml, `export_procs`)
+	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'book_tools.pth')\
+	.write_text('$(CURDIR)/tools\n')"
 	touch $@
 
 env: $(VENV)/.installed
