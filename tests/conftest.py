@@ -72,7 +72,9 @@ def book_definition():
         cells = json.loads((Path(__file__).parents[1] / "book" / notebook).read_text(encoding="utf-8"))["cells"]
         sources = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
         namespace = dict(names)
-        exec(next(s for s in sources if re.match(rf"(?:#\| export\n)?(class|def) {name}\b", s)), namespace)
+        # a folded cell opens with its Colab title line (tools/colab_forms.py)
+        exec(next(s for s in sources if re.match(rf"(?:#@title [^\n]*\n)?(?:#\| export\n)?(class|def) {name}\b", s)),
+             namespace)
         return namespace[name]
 
     return define

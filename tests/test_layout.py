@@ -14,6 +14,10 @@ Each check runs on every notebook, one test per page, so that a failure names th
   columns.
 * **Solutions fold**: every solution is in the ``<details>`` form and its code cells fold
   (tools/fold_solutions.py would change nothing).
+* **Folds hold in all three places**: a code cell that the site folds (tagged ``hide-input``, ``hide-cell`` or
+  ``hide-output``, or a solution's code) folds in Jupyter (metadata ``jupyter.source_hidden``, and
+  ``outputs_hidden`` where the site folds the output) and, where the site folds its source, in Colab (metadata
+  ``cellView: "form"`` and a first line ``#@title`` whose text says what the cell holds).
 * **Figures open in Colab**: named by their raw address at the ref of this version (tools/colab_figures.py would
   change nothing).
 * **Titles carry the book's numbers** (tools/number_titles.py would change nothing).
@@ -33,6 +37,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import colab_figures  # noqa: E402
+import colab_forms  # noqa: E402
 import fold_solutions  # noqa: E402
 import number_titles  # noqa: E402
 import wrap_code_lines  # noqa: E402
@@ -41,9 +46,12 @@ NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 MAX_WIDTH = 100  # characters of a code line the site shows: the content column holds 100 at 1280 px (_static/)
 MAX_LINES = 30  # lines of a code cell shown open
 MAX_COLUMNS = 6  # columns of a markdown table
-NBDEV = re.compile(r"^#\|")
+NBDEV = re.compile(r"^#(?:\||@title\b)")  # nbdev's lines and Colab's title: the site leaves them out
 SHOWN_NOT = {"remove-input", "remove-cell"}
 FOLDED = {"hide-input", "hide-cell"} | SHOWN_NOT
+SITE_FOLDS = {"hide-input", "hide-cell", "hide-output"}  # a fold on the site: of the source, both, the output
+SOURCE_FOLDS = {"hide-input", "hide-cell"}
+OUTPUT_FOLDS = {"hide-output", "hide-cell"}
 # MyST that CommonMark shows raw: a role, a directive fence, a label line.
 MYST = re.compile(r"\{[a-z][\w:-]*\}`[^`\n]*`|^\s*(?:`{3,}|:{3,})\{[a-z][\w-]*\}.*$|^\([\w-]+\)=\s*$", re.M)
 RELATIVE_FIGURE = re.compile(r"!\[[^\]]*\]\((?!https?://)[^)]*\)|<img\s[^>]*src=\"(?!https?://|data:)[^\"]*\"")
@@ -64,7 +72,7 @@ def tags(cell: dict) -> set[str]:
 
 
 def code_lines(cell: dict) -> list[str]:
-    """The lines of a code cell that the site shows (nbdev's `#|` lines left out)."""
+    """The lines of a code cell that the site shows (nbdev's `#|` lines and Colab's `#@title` left out)."""
     return [line for line in text(cell).splitlines() if not NBDEV.match(line)]
 
 
@@ -122,6 +130,38 @@ def wide_tables(cells: list[dict]) -> list[str]:
     return found
 
 
+def fold_gaps(cells: list[dict]) -> list[str]:
+    """The cells that the site folds and Jupyter or Colab does not, each with what it lacks."""
+    found, in_solution = [], False
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown":
+            in_solution = fold_solutions.is_solution(cell)
+            continue
+        if cell["cell_type"] != "code" or "remove-cell" in tags(cell):
+            continue
+        folds = tags(cell) & SITE_FOLDS
+        lacks = []
+        if in_solution and "hide-cell" not in folds:
+            lacks.append("the site: a solution's code without the tag hide-cell")
+            folds |= {"hide-cell"}
+        if not folds:
+            continue
+        jupyter, said = cell["metadata"].get("jupyter", {}), colab_forms.title(text(cell))
+        if folds & SOURCE_FOLDS and jupyter.get("source_hidden") is not True:
+            lacks.append("Jupyter: no source_hidden")
+        if folds & OUTPUT_FOLDS and jupyter.get("outputs_hidden") is not True:
+            lacks.append("Jupyter: no outputs_hidden")
+        if folds & SOURCE_FOLDS and cell["metadata"].get("cellView") != "form":
+            lacks.append('Colab: no cellView "form"')
+        if folds & SOURCE_FOLDS and said is None:
+            lacks.append("Colab: the first line is no #@title")
+        elif folds & SOURCE_FOLDS and colab_forms.is_generic(said):
+            lacks.append(f"Colab: a title that does not say what the cell holds: {said!r}")
+        if lacks:
+            found.append(f"cell {i} ({', '.join(sorted(folds))}): " + "; ".join(lacks))
+    return found
+
+
 def differs(change, path: Path) -> list[str]:
     """The cells that a page script would change."""
     nb = json.loads(path.read_text(encoding="utf-8"))
@@ -160,7 +200,14 @@ def test_tables_fit(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_solutions_fold(path):
     found = differs(fold_solutions.change, path)
-    assert not found, f"{path.name}: solutions not folded (run tools/fold_solutions.py): {', '.join(found)}"
+    assert not found, f"{path.name}: folds to write (run tools/fold_solutions.py): {', '.join(found)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_folds_hold_in_all_three_places(path):
+    found = fold_gaps(load(path))
+    assert not found, f"{path.name}: folded on the site, not in Jupyter or Colab (run tools/fold_solutions.py):\n" + \
+        "\n".join(found)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
@@ -226,13 +273,68 @@ def test_the_page_scripts_find_what_is_left_to_do(tmp_path):
     assert "".join(done["cells"][0]["source"]) == "# A. Data\n"
     assert "".join(done["cells"][1]["source"]) == "<details>\n<summary>Solution to exercise 1</summary>\n\n" \
                                                   "Because.\n\n</details>"
-    assert done["cells"][2]["metadata"] == {"tags": ["hide-cell"],
+    assert done["cells"][2]["metadata"] == {"tags": ["hide-cell"], "cellView": "form",
                                             "jupyter": {"source_hidden": True, "outputs_hidden": True}}
+    assert "".join(done["cells"][2]["source"]) == "#@title Solution to exercise 1, the code\nprint(1)"
     assert "/book/figures/x.svg?sanitize=true)" in "".join(done["cells"][3]["source"])
     path.write_text(json.dumps(done))
     for change in (fold_solutions.change, number_titles.change, colab_figures.change):
         assert differs(change, path) == []  # idempotent
-    assert raw_myst(done["cells"]) == []
+    assert raw_myst(done["cells"]) == [] and fold_gaps(done["cells"]) == []
+
+
+def test_folds_missing_in_jupyter_or_colab_are_found():
+    def folded(source: str, *tag: str, **metadata) -> dict:
+        cell = code(source, *tag)
+        cell["metadata"].update(metadata)
+        return cell
+
+    both = {"source_hidden": True, "outputs_hidden": True}
+    cells = [folded("#@title The function f, in full\ndef f(): pass", "hide-input", cellView="form",
+                    jupyter={"source_hidden": True}),  # holds in all three places
+             folded("print(runs)", "hide-output"),  # output folded on the site only: the tuning log's case
+             folded("print(runs)", "hide-output", jupyter={"outputs_hidden": True}),  # Colab folds no output alone
+             folded("#@title The function f, in full\ndef f(): pass", "hide-input", jupyter={"source_hidden": True}),
+             folded("def f(): pass", "hide-cell", cellView="form", jupyter=both),
+             folded("#| export\n#@title The function f, in full\ndef f(): pass", "hide-input", cellView="form",
+                    jupyter={"source_hidden": True}),  # not the first line: Colab shows no title
+             folded("#@title Hidden code\ndef f(): pass", "hide-cell", cellView="form", jupyter=both),
+             folded("#@title The function f, in full\ndef f(): pass", "hide-cell", cellView="form",
+                    jupyter={"source_hidden": True}),
+             md("<details>\n<summary>Solution to exercise 1</summary>\n\n</details>"),
+             folded("#@title Solution to exercise 1, the code\nprint(1)", cellView="form", jupyter=both),
+             folded("print(2)", "remove-cell")]
+    found = fold_gaps(cells)
+    assert [f.split(" (")[0] for f in found] == ["cell 1", "cell 3", "cell 4", "cell 5", "cell 6", "cell 7",
+                                                 "cell 9"]
+    assert "Jupyter: no outputs_hidden" in found[0] and "cellView" in found[1] and "#@title" in found[2]
+    assert "says" not in found[3] and "Hidden code" in found[4] and "outputs_hidden" in found[5]
+    assert "hide-cell" in found[6]
+
+
+def test_the_fold_tool_titles_each_cell_by_what_it_holds():
+    """Colab's title is said from the cell; nbdev's directives move to the metadata, where nbdev reads them."""
+    nb = {"cells": [code("#| export attention\nclass MultiHeadAttention:\n    pass\n", "hide-input"),
+                    code('fig, ax = plt.subplots()\nax.set(title="BLEU of the snapshots")\n', "hide-input"),
+                    code("import math\nimport torch\nfrom transformer_lib.attention import causal_mask\n",
+                         "hide-cell"),
+                    code("#@title A title a person wrote\nx = 1\n", "hide-input"),
+                    code("#@title Hidden code\nx = 1\n", "hide-input"),
+                    md("<details>\n<summary>Solution to exercise 3</summary>\n\nBecause.\n\n</details>"),
+                    code("print(1)"), code("print(2)", "hide-input"), code("print(3)", "remove-cell")],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    done = fold_solutions.change(Path("x.ipynb"), copy.deepcopy(nb))
+    firsts = ["".join(c["source"]).split("\n")[0] for c in done["cells"]]
+    assert firsts == ["#@title The class MultiHeadAttention, in full", "#@title Draws the figure: BLEU of the snapshots",
+                      "#@title The imports: math, torch and transformer_lib.attention",
+                      "#@title A title a person wrote", "#@title Computes x", firsts[5],
+                      "#@title Solution to exercise 3, the code", "#@title Solution to exercise 3, the code, part 2",
+                      "print(3)"]
+    assert done["cells"][0]["metadata"]["nbdev"] == {"export": "attention"}
+    assert "".join(done["cells"][0]["source"]).count("#|") == 0
+    assert fold_gaps(done["cells"]) == []
+    assert fold_solutions.change(Path("x.ipynb"), copy.deepcopy(done)) == done  # idempotent
+    assert colab_forms.is_generic("Hidden code") and not colab_forms.is_generic("Computes x")
 
 
 def test_wrapping_moves_comments_and_reflows_docstrings_only():
