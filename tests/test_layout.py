@@ -319,6 +319,7 @@ def test_the_fold_tool_titles_each_cell_by_what_it_holds():
                     code("import math\nimport torch\nfrom transformer_lib.attention import causal_mask\n",
                          "hide-cell"),
                     code("#@title A title a person wrote\nx = 1\n", "hide-input"),
+                    code("import math\nimport torch\n\n\ndef agreement(a, b):\n    pass\n", "hide-cell"),
                     code("#@title Hidden code\nx = 1\n", "hide-input"),
                     md("<details>\n<summary>Solution to exercise 3</summary>\n\nBecause.\n\n</details>"),
                     code("print(1)"), code("print(2)", "hide-input"), code("print(3)", "remove-cell")],
@@ -327,7 +328,8 @@ def test_the_fold_tool_titles_each_cell_by_what_it_holds():
     firsts = ["".join(c["source"]).split("\n")[0] for c in done["cells"]]
     assert firsts == ["#@title The class MultiHeadAttention, in full", "#@title Draws the figure: BLEU of the snapshots",
                       "#@title The imports: math, torch and transformer_lib.attention",
-                      "#@title A title a person wrote", "#@title Computes x", firsts[5],
+                      "#@title A title a person wrote", "#@title The imports and the function agreement, in full",
+                      "#@title Computes x", firsts[6],
                       "#@title Solution to exercise 3, the code", "#@title Solution to exercise 3, the code, part 2",
                       "print(3)"]
     assert done["cells"][0]["metadata"]["nbdev"] == {"export": "attention"}

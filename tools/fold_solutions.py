@@ -283,6 +283,9 @@ def said_of(code: str, solution: str | None = None, part: int = 1) -> str:
         said = f"Solution to exercise {match.group('n')}, the code" if match else f"{solution}, the code"
         return said if part == 1 else f"{said}, part {part}"
     tree = parse(code)
+    defined = definitions(tree) if tree is not None else None
+    if defined and sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body) > 1:  # a chapter's set-up
+        return fits(f"The imports{', ' if ' and ' in defined else ' and '}{defined[0].lower()}{defined[1:]}")
     for say in (figure_title, definitions, imports):
         said = say(tree) if tree is not None else None
         if said:
