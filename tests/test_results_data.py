@@ -11,8 +11,10 @@ from transformer_lib import PRESETS, TrainConfig
 ROOT = Path(__file__).resolve().parents[1]
 # a GPU session's own files beside its run records (tools/gpu_session.py): the machine, the phases, the GPU check
 SESSION_FILES = {"preflight.json", "session_A.json", "session_B.json", "gpu_check.json", "sweep.json"}
+# results/benchmarks/: a benchmark's figures (benchmarks/*.py --json), not a training run
 FILES = sorted(p for p in (ROOT / "results").rglob("*.json")
-               if not (p.name in SESSION_FILES and p.parent.parent.name == "gpu"))
+               if not (p.name in SESSION_FILES and p.parent.parent.name == "gpu")
+               and p.parent.name != "benchmarks")
 # records whose command was written down short when they were recorded: their folder's README gives it in full
 SHORT_COMMANDS = {"gpu/h100_2026-11-27/gpu_warmup300.json"}
 FIELDS = {"preset", "command", "device", "precision", "torch_version", "train_minutes", "steps", "parameters", "decoding",
