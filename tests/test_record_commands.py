@@ -1,0 +1,128 @@
+"""Each record of the tuning log (book/eng_tuning_log.ipynb) carries the command that trains it with
+today's library, in the page's `COMMANDS`. Parsed by the command line's own parser
+(`transformer_lib.cli.build_parser`, `parse_overrides`, `TrainConfig.from_preset`), each command must
+build, field by field, the configuration its record stores, so a command that drifts from its run, or
+a preset that changes under its records, fails here."""
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from transformer_lib.cli import build_parser
+from transformer_lib.config import TrainConfig, parse_overrides, renamed_fields
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "book" / "eng_tuning_log.ipynb"
+RESULTS = ROOT / "results"
+# as the page reads a record (its `settings`): options newer than the record take the trainer's
+# defaults, cpu records before this day drew attention per matrix, and release 0.2.0's records, which
+# keep two settings, ran its cpu preset's batches of 3,000 tokens; `peer_same_recipe.py --layers
+# ours-torch-init` drew packed whatever its record's date
+LATER = ("attention_dropout", "ffn_dropout", "inner_dropout_from", "norm_first")
+PACKED_SINCE = "2026-11-28"
+RELEASE_020 = {"max_tokens": 3000}
+
+
+def page_commands() -> dict[str, str]:
+    """The page's COMMANDS, a literal dict in one of its code cells."""
+    for cell in json.loads(PAGE.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "code" or "COMMANDS = {" not in "".join(cell["source"]):
+            continue
+        for node in ast.walk(ast.parse("".join(cell["source"]))):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMANDS"
+                                                    for t in node.targets):
+                return ast.literal_eval(node.value)
+    raise AssertionError(f"{PAGE.name} has no COMMANDS")
+
+
+def page_records() -> dict[str, dict]:
+    """The records the page reads: every run record of results/ but chapter 15c's."""
+    found = {p.relative_to(RESULTS).with_suffix("").as_posix(): json.loads(p.read_text())
+             for p in sorted(RESULTS.rglob("*.json")) if p.parent.name != "decoder_only"}
+    return {name: r for name, r in found.items() if "bleu" in r}
+
+
+def recorded(run: dict) -> dict[str, Any]:
+    """The settings a record trained with, by today's field names."""
+    config = renamed_fields(run["config"], warn=False)
+    defaults = TrainConfig().to_dict()
+    draw = ("packed" if run["preset"] == "cpu" and run["date"] >= PACKED_SINCE
+            or "--layers ours-torch-init" in run["command"] else "xavier")
+    then = RELEASE_020 if "max_tokens" not in config else {}
+    settings = {**{k: defaults[k] for k in LATER}, "attention_init": draw, **then,
+                **run.get("overrides", {}), **config}
+    if settings["inner_dropout_from"] is None and settings["attention_dropout"] == 0 \
+            and settings["ffn_dropout"] == 0:
+        settings["inner_dropout_from"] = 0.0  # an earlier record's None: no inner dropout to start
+    return settings
+
+
+def built(command: str) -> dict[str, Any] | None:
+    """The TrainConfig a command builds (as plain values); None for a peer outside TrainConfig."""
+    words = shlex.split(command)
+    if words[:2] == ["transformer-lib", "train"]:
+        args = build_parser().parse_args(words[1:])
+        return TrainConfig.from_preset(args.preset, **parse_overrides(args.overrides)).to_dict()
+    if words[:2] == ["python", "benchmarks/peer_same_recipe.py"]:
+        # the script's own mapping of its options onto the preset (its main())
+        opts = dict(zip(words[2::2], words[3::2]))
+        overrides: dict[str, Any] = {"max_minutes": float(opts.get("--minutes", 30)),
+                                     "threads": int(opts["--threads"]) if "--threads" in opts else None}
+        if "--steps" in opts:
+            overrides.update(max_minutes=None, max_steps=int(opts["--steps"]))
+        config = TrainConfig.from_preset(opts.get("--preset", "cpu"), **overrides).to_dict()
+        config["attention_init"] = "packed" if opts["--layers"] == "ours-torch-init" else "xavier"
+        return config
+    if words[:2] == ["python", "benchmarks/peer_nn_transformer.py"]:
+        return None
+    raise AssertionError(f"not a command the test can read: {command}")
+
+
+def disagreements(run: dict, command: str) -> list[str]:
+    """Each field where the command's configuration differs from the record's."""
+    config = built(command)
+    if config is None:  # torch.nn.Transformer's tutorial: its record is its own command
+        words = shlex.split(run["command"])
+        if "--out" in words:
+            del words[words.index("--out"):words.index("--out") + 2]
+        return [] if words == shlex.split(command) else [f"command: {run['command']!r}"]
+    config = json.loads(json.dumps(config))  # tuples as the record's lists
+    want = json.loads(json.dumps(recorded(run)))
+    return [f"{k}: the record {want[k]!r}, the command {config.get(k, '(no such field)')!r}"
+            for k in sorted(want) if config.get(k, object()) != want[k]]
+
+
+COMMANDS = page_commands()
+RECORDS = page_records()
+
+
+def test_every_record_the_page_reads_has_a_command():
+    assert sorted(COMMANDS) == sorted(RECORDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_command_builds_the_record_s_configuration(name):
+    assert not disagreements(RECORDS[name], COMMANDS[name]), disagreements(RECORDS[name],
+                                                                             COMMANDS[name])
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(COMMANDS) if "--set" in COMMANDS[n]])
+def test_each_setting_of_a_command_is_needed(name):
+    """A command less any one of its --set builds another run: the check can fail."""
+    words = shlex.split(COMMANDS[name])
+    for i in [i for i, w in enumerate(words) if w == "--set"]:
+        shorter = shlex.join(words[:i] + words[i + 2:])
+        assert disagreements(RECORDS[name], shorter), (name, words[i + 1])
+
+
+def test_a_wrong_command_is_caught():
+    run = RECORDS["earlier/cpu_v0.2.0"]
+    assert recorded(run)["max_tokens"] == 3000  # release 0.2.0's batches
+    wrong = COMMANDS["earlier/cpu_v0.2.0"].replace("max_tokens=3000", "max_tokens=2000")
+    assert disagreements(run, wrong) == ["max_tokens: the record 3000, the command 2000"]
+    assert disagreements(run, "transformer-lib train --preset gpu")
