@@ -40,8 +40,6 @@ KNOWN_DEFECTS: set[tuple[str, int]] = {
     ("05_attention", 1280),
     ("10_transformer", 1280),
     ("12b_fast_decoding", 1280),
-    ("13_translator", 1280),
-    ("14_inside_the_translator", 1280),
     ("15b_deep_and_long", 1280),
     ("15c_decoder_only_translator", 1280),
     ("appendix_a_data", 1280),
