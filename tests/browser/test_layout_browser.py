@@ -49,7 +49,6 @@ KNOWN_DEFECTS: set[tuple[str, int]] = {
     ("appendix_c_running_the_package", 1280),
     ("eng_book_model", 1280),
     ("eng_peers_and_budgets", 1280),
-    ("eng_processes", 1280),
     ("eng_records", 1280),
     ("eng_training_runs", 1280),
     ("eng_tuning_log", 1280),
