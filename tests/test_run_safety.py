@@ -432,14 +432,14 @@ def test_metrics_are_rewritten_atomically(tmp_path, monkeypatch):
 
 
 def test_only_the_writing_process_copies_the_state_to_the_cpu(tmp_path, tokenizer, monkeypatch):
-    from transformer_lib import trainer
+    from transformer_lib import checkpoints
     from transformer_lib.distributed import Processes
 
     pairs = [([5, 6, 7], [8, 9])] * 4
     data = ([p[0] for p in pairs], [p[1] for p in pairs], [pairs[0][0]], [pairs[0][1]])
     copies = []
-    original = trainer.cpu_copy
-    monkeypatch.setattr(trainer, "cpu_copy", lambda obj: copies.append(1) or original(obj))
+    original = checkpoints.cpu_copy  # last_checkpoint copies the state
+    monkeypatch.setattr(checkpoints, "cpu_copy", lambda obj: copies.append(1) or original(obj))
     rank1 = Trainer(TrainConfig.from_preset("tiny", **SMALL), tmp_path, tokenizer,
                     Processes(torch.device("cpu"), rank=1), data, progress=False)
     assert rank1.state() is None and copies == []

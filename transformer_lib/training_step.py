@@ -9,17 +9,15 @@ __all__ = ['fixed_shape_batches', 'batch_shapes', 'fixed_shape_batch', 'Training
 # %% ../book/eng_training_step.ipynb #a7e1c0d4
 import math
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from .attention import MultiHeadAttention, rows_have_keys
 from .config import TrainConfig
-from .distributed import Processes, step_shard
+from .distributed import Processes, data_parallel, gradient_sync, step_shard
 from .layers import PositionwiseFeedForward
 from .model import Transformer, TransformerConfig
 from transformer_lib.recipe import (
@@ -264,12 +262,8 @@ class OptimiserStep:
         )
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
         net: nn.Module = LossComputation(model, criterion)
-        self.ddp = None
-        if procs.world_size > 1:  # averages the gradients over the processes during backward
-            self.ddp = net = DistributedDataParallel(
-                net, device_ids=[device.index] if device.type == "cuda" else None,
-                broadcast_buffers=False,
-            )
+        # DDP with several processes: it averages the gradients over them during backward
+        self.parallel = net = data_parallel(net, procs)
         # compiled: for batches of fixed shapes (shapes of them) a static graph each, else one
         # dynamic graph
         self.net = compile_for_shapes(net, shapes) if config.compile else net
@@ -283,7 +277,7 @@ class OptimiserStep:
         self.optimizer.zero_grad(set_to_none=True)
         for k, batch in enumerate(micro_batches):
             last = k == len(micro_batches) - 1  # DDP averages the gradients after the last one
-            with nullcontext() if last or self.ddp is None else self.ddp.no_sync():
+            with gradient_sync(self.parallel, last):
                 # every sentence keeps its <eos>, so every query has a key: attention skips
                 # that check
                 with autocast(device, self.amp), training_attention(device), rows_have_keys():

@@ -45,7 +45,6 @@ KNOWN_DEFECTS: set[tuple[str, int]] = {
     ("appendix_a_data", 1280),
     ("appendix_b_command_line", 1280),
     ("appendix_c_running_the_package", 1280),
-    ("eng_processes", 1280),
 }
 
 
