@@ -31,21 +31,7 @@ WIDTHS = (1280, 390)
 MIN_FIGURE_TEXT_PX = 8.0
 
 # (page, width) pairs that still fail; printed by test_known_defects_are_printed. Remove a pair once it passes.
-KNOWN_DEFECTS: set[tuple[str, int]] = {
-    ("01_tokens", 1280),
-    ("01b_tokenizer", 1280),
-    ("02_sequence_models", 1280),
-    ("03_embeddings", 1280),
-    ("04_positional_encoding", 1280),
-    ("05_attention", 1280),
-    ("10_transformer", 1280),
-    ("12b_fast_decoding", 1280),
-    ("15b_deep_and_long", 1280),
-    ("15c_decoder_only_translator", 1280),
-    ("appendix_a_data", 1280),
-    ("appendix_b_command_line", 1280),
-    ("appendix_c_running_the_package", 1280),
-}
+KNOWN_DEFECTS: set[tuple[str, int]] = set()
 
 
 def book_pages() -> list[str]:
