@@ -1,11 +1,11 @@
 """The `cpu` preset's training step on the CPU, eager beside torch.compile, on the preset's real batches.
 
-Both sides take the trainer's own optimiser step (`OptimiserStep`: the loss computation, Adam, the Noam schedule,
-gradient clipping) in the preset's precision (`amp=auto`: bfloat16 autocast where the CPU computes it in hardware,
+Both sides take the trainer's own optimiser step (`OptimiserStep`: the loss computation, Adam, gradient clipping;
+the schedule is left where it starts, which changes no timing) in the preset's precision (`amp=auto`: bfloat16 autocast where the CPU computes it in hardware,
 else float32), on the same Multi30k token batches of the preset's `max_tokens`, from two copies of one
 initialised model. The compiled side is what `--set compile=true` trains: one dynamic graph (the preset has no
 length buckets). Compile time is the first pass over the batches on the compiled side less the eager side's time
-for the same pass; the late inner-dropout switch changes the rates the graph holds, so it compiles again, and that
+for the same pass (in wall seconds, and in this process's CPU seconds, which leave out the compiler's processes); the late inner-dropout switch changes the rates the graph holds, so it compiles again, and that
 is timed too. After warm-up the two sides take the timed passes in alternation (ABBA...), so that load on the
 machine hits both alike; the median seconds per pass is reported.
 
