@@ -27,13 +27,14 @@ from pathlib import Path
 import torch
 
 from transformer_lib.config import TrainConfig
-from transformer_lib.data import load_multi30k
 from transformer_lib.distributed import Processes
 from transformer_lib.model import Transformer
-from transformer_lib.recipe import LabelSmoothingLoss, encode_pairs, make_batch, token_batches
+from transformer_lib.recipe import LabelSmoothingLoss
 from transformer_lib.runtime import cpu_flags, resolve_amp
 from transformer_lib.tokenizer import multi30k_tokenizer
 from transformer_lib.training_step import InnerDropout, OptimiserStep
+
+from preset_batches import real_batches  # benchmarks/, beside this script
 
 WIN_NEEDED = 0.15  # the preset compiles where compiling trains this much more in its budget
 
@@ -82,10 +83,7 @@ def main() -> None:
     amp = resolve_amp(config.amp, device)
     precision = "float32" if amp is None else f"{str(amp).removeprefix('torch.')} autocast"
     tokenizer = multi30k_tokenizer(config.vocab_size)
-    pairs = load_multi30k("train")[:4000]
-    src, tgt = encode_pairs(pairs, tokenizer, config.max_sentence_len)
-    index = token_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], config.max_tokens, seed=0)
-    batches = [make_batch([src[i] for i in b], [tgt[i] for i in b]) for b in index[:n_batches]]
+    batches = real_batches(config, tokenizer, 4000, n_batches)
     tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)  # real tokens in one pass
     shapes = sorted({tuple(b.src.shape) + (b.tgt_in.shape[1],) for b in batches})
     print(f"cpu preset: d_model {config.d_model}, {config.n_encoder_layers}+{config.n_decoder_layers} layers, "

@@ -25,14 +25,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from transformer_lib.data import load_multi30k
 from transformer_lib.positional import sinusoidal_encoding
 from transformer_lib.tokenizer import multi30k_tokenizer
 from transformer_lib.config import TrainConfig
 from transformer_lib.training_run import train
-from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, batch_loss, encode_pairs, make_batch, token_batches
+from transformer_lib.recipe import LabelSmoothingLoss, NoamSchedule, batch_loss
 from transformer_lib.runtime import cpu_has_native_bf16, resolve_amp
 from transformer_lib.model import Transformer
+
+from preset_batches import real_batches  # benchmarks/, beside this script
 
 
 class Reference(nn.Module):
@@ -107,10 +108,7 @@ def main() -> None:
     amp = resolve_amp(config.amp, torch.device("cpu"))
     precision = "float32" if amp is None else f"{str(amp).replace('torch.', '')} autocast"
     tokenizer = multi30k_tokenizer(config.vocab_size)
-    pairs = load_multi30k("train")[:3000]
-    src, tgt = encode_pairs(pairs, tokenizer, config.max_sentence_len)
-    index = token_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], config.max_tokens, seed=0)
-    batches = [make_batch([src[i] for i in b], [tgt[i] for i in b]) for b in index[: n_batches]]
+    batches = real_batches(config, tokenizer, 3000, n_batches)
     criterion = LabelSmoothingLoss(tokenizer.vocab_size, smoothing=config.label_smoothing, reduction="sum")
     print(f"cpu preset: d_model {config.d_model}, {config.n_heads} heads, {config.n_encoder_layers}+"
           f"{config.n_decoder_layers} layers, d_ff {config.d_ff}, vocabulary {tokenizer.vocab_size}, "
