@@ -685,6 +685,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'transformer_lib/training_run.py'),
                                               'transformer_lib.training_run._hold_folder': ( 'eng_training_runs.html#_hold_folder',
                                                                                              'transformer_lib/training_run.py'),
+                                              'transformer_lib.training_run._locked': ( 'eng_training_runs.html#_locked',
+                                                                                        'transformer_lib/training_run.py'),
                                               'transformer_lib.training_run._prepare': ( 'eng_training_runs.html#_prepare',
                                                                                          'transformer_lib/training_run.py'),
                                               'transformer_lib.training_run._stop_on_signals': ( 'eng_training_runs.html#_stop_on_signals',

@@ -181,13 +181,14 @@ def _prepare(
 
 
 def check_folder_free(out: Path) -> None:
-    """TrainingError naming the holder while a live run holds out (its lock is tried, not kept)."""
+    """TrainingError naming the holder while a live run holds out (its lock is tried, not kept,
+    and the file is left as it was)."""
     if (out / "run.lock").exists():
-        _hold_folder(out).close()
+        _locked(out).close()
 
 
-def _hold_folder(out: Path) -> Any:
-    """The open lock file of out, locked by this process (the system drops the lock when the
+def _locked(out: Path) -> Any:
+    """out's lock file, open and locked by this process (the system drops the lock when the
     process ends, however it ends); TrainingError naming the holder while a live run holds it."""
     lock = open(out / "run.lock", "a+")
     try:
@@ -202,6 +203,13 @@ def _hold_folder(out: Path) -> Any:
         lock.close()
         raise TrainingError(f"{out} is held by a live run, process {holder}: wait for it to "
                             "end, or use another folder") from None
+    return lock
+
+
+def _hold_folder(out: Path) -> Any:
+    """The open lock file of out, locked by this process and naming it; TrainingError naming the
+    holder while a live run holds it."""
+    lock = _locked(out)
     lock.seek(0)
     lock.truncate()
     lock.write(f"{os.getpid()}\n")
