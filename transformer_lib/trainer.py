@@ -176,7 +176,10 @@ def follow_budget(self, progress: float) -> None:
 @patch_to(Trainer)
 def set_inner_dropout(self, progress: float) -> None:
     """Dropout inside attention and the FFN: off before inner_dropout_from of the budget."""
-    self.inner_dropout.switch(progress >= self.config.inner_dropout_from)
+    on = progress >= self.config.inner_dropout_from
+    if self.config.compile and self.inner_dropout.on not in (None, on):
+        torch._dynamo.reset()  # torch 2.11 keeps the rates a graph was traced with: trace again
+    self.inner_dropout.switch(on)
 
 
 @patch_to(Trainer)
