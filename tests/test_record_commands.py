@@ -2,12 +2,14 @@
 today's library, in the page's `COMMANDS`. Parsed by the command line's own parser
 (`transformer_lib.cli.build_parser`, `parse_overrides`, `TrainConfig.from_preset`), each command must
 build, field by field, the configuration its record stores, so a command that drifts from its run, or
-a preset that changes under its records, fails here."""
+a preset that changes under its records, fails here. The records are read by the page's own
+`settings`, so the page and the test read them alike."""
 from __future__ import annotations
 
 import ast
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,6 @@ from transformer_lib.config import TrainConfig, parse_overrides, renamed_fields
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "book" / "eng_tuning_log.ipynb"
 RESULTS = ROOT / "results"
-# as the page reads a record (its `settings`): options newer than the record take the trainer's
-# defaults, cpu records before this day drew attention per matrix, and release 0.2.0's records, which
-# keep two settings, ran its cpu preset's batches of 3,000 tokens; `peer_same_recipe.py --layers
-# ours-torch-init` drew packed whatever its record's date
-LATER = ("attention_dropout", "ffn_dropout", "inner_dropout_from", "norm_first")
-PACKED_SINCE = "2026-11-28"
-RELEASE_020 = {"max_tokens": 3000}
 
 
 def page_commands() -> dict[str, str]:
@@ -47,19 +42,32 @@ def page_records() -> dict[str, dict]:
     return {name: r for name, r in found.items() if "bleu" in r}
 
 
-def recorded(run: dict) -> dict[str, Any]:
-    """The settings a record trained with, by today's field names."""
-    config = renamed_fields(run["config"], warn=False)
-    defaults = TrainConfig().to_dict()
-    draw = ("packed" if run["preset"] == "cpu" and run["date"] >= PACKED_SINCE
-            or "--layers ours-torch-init" in run["command"] else "xavier")
-    then = RELEASE_020 if "max_tokens" not in config else {}
-    settings = {**{k: defaults[k] for k in LATER}, "attention_init": draw, **then,
-                **run.get("overrides", {}), **config}
-    if settings["inner_dropout_from"] is None and settings["attention_dropout"] == 0 \
-            and settings["ffn_dropout"] == 0:
-        settings["inner_dropout_from"] = 0.0  # an earlier record's None: no inner dropout to start
-    return settings
+def page_settings() -> Callable[[dict], dict[str, Any]]:
+    """The page's `settings`, which reads a record's settings by today's field names, taken from its
+    code cell with the constants it reads (the cell's upper-case literals) and run here: the test
+    reads the records as the page does, from one definition."""
+    for cell in json.loads(PAGE.read_text(encoding="utf-8"))["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or "\ndef settings(" not in source:
+            continue
+        body = []
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "settings":
+                body.append(node)
+            elif isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
+                                                      for t in node.targets):
+                try:
+                    ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                body.append(node)
+        scope: dict[str, Any] = {"TrainConfig": TrainConfig, "renamed_fields": renamed_fields}
+        exec(compile(ast.Module(body=body, type_ignores=[]), str(PAGE), "exec"), scope)
+        return scope["settings"]
+    raise AssertionError(f"{PAGE.name} has no settings")
+
+
+recorded = page_settings()  # the settings a record trained with, by today's field names
 
 
 def built(command: str) -> dict[str, Any] | None:
