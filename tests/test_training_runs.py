@@ -288,7 +288,9 @@ def test_validation_points_by_steps_with_last_pt_on_its_own_cadence(tmp_path, to
     assert steps > 8 and not config.points_by_epoch
     vals = [r["step"] for r in result.history if r["kind"] == "val"]
     assert vals == sorted({*range(3, steps + 1, 3), steps})  # and where the run stopped
-    assert [k for name, k in saved if name == "last.pt"] == [*range(4, steps + 1, 4), steps]  # not at epoch ends
+    # not at epoch ends; at the end once more, unless that step's point and last.pt just wrote it all
+    at_end = [] if steps % 4 == 0 and steps % 3 == 0 else [steps]
+    assert [k for name, k in saved if name == "last.pt"] == [*range(4, steps + 1, 4), *at_end]
     assert [k for name, k in saved if name.startswith("average")] == list(range(3, steps + 1, 3))  # weights only
     assert all(load_checkpoint(tmp_path / name)["kind"] == "weights" for name in os.listdir(tmp_path)
                if name.startswith("average"))
@@ -328,6 +330,35 @@ def test_the_share_of_time_outside_training_steps_is_logged_and_printed(tmp_path
     assert overhead["seconds"] <= wall and overhead["saving"] > 0
     assert "time outside training steps: " in capsys.readouterr().out
     assert load_checkpoint(tmp_path / "model.pt")["history"][-1] == overhead  # tools/record_run.py reads it there
+
+
+def test_the_throughput_leaves_out_the_time_of_validation_points(tmp_path, tokenizer, monkeypatch):
+    """The oracle is time the test adds: each validation sleeps 1 s, some fifty steps of this model; a record's
+    tokens/s right after a point must stay of the order of the others' instead of falling fifty-fold."""
+    original = trainer.validation_loss
+    monkeypatch.setattr(trainer, "validation_loss", lambda *a, **k: (time.sleep(1.0), original(*a, **k))[1])
+    result = train(TrainConfig.from_preset("tiny", **SMALL, eval_every=3, max_steps=12), tmp_path,
+                   progress=False, tokenizer=tokenizer)
+    train_records = {r["step"]: r["tokens_per_s"] for r in result.history if r["kind"] == "train"}
+    after_point = [train_records[s + 1] for s in (3, 6, 9)]
+    others = [v for s, v in train_records.items() if s - 1 not in (3, 6, 9) and s > 1]  # step 1 starts it all
+    assert min(after_point) > 0.2 * sorted(others)[len(others) // 2], (after_point, others)
+
+
+def test_a_run_that_ends_on_its_points_last_pt_writes_it_once_there(tmp_path, tokenizer, monkeypatch):
+    """Points by epoch: the last epoch's end validates and writes last.pt; the end of the run adds no second write
+    of the same step, and last.pt holds that step's validation."""
+    saved = []
+    save = trainer.save_checkpoint
+    monkeypatch.setattr(trainer, "save_checkpoint",
+                        lambda obj, path: (saved.append((Path(path).name, obj["step"])), save(obj, path))[1])
+    config = TrainConfig.from_preset("tiny", **{**SMALL, "epochs": 2})
+    result = train(config, tmp_path, progress=False, tokenizer=tokenizer)
+    steps = result.history[-1]["step"]
+    assert config.points_by_epoch
+    assert [k for name, k in saved if name == "last.pt"].count(steps) == 1
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["step"] == steps and any(r["kind"] == "val" and r["step"] == steps for r in last["history"])
 
 
 def test_float16_loss_scaling_skips_a_step_whose_gradients_overflow(tmp_path, tokenizer, monkeypatch):

@@ -79,6 +79,9 @@ class Trainer:
         self.prefetched: tuple[tuple[int, int], list] | None = None
         self.kept: list[tuple[int, dict[str, torch.Tensor]]] = []  # (step, CPU weights) to average
         self.window_tokens, self.window_start, self.first_step = 0, 0.0, True
+        # the steps of the last validation point and of the last last.pt (every process knows both)
+        self.pointed_at: int | None = None
+        self.saved_at: int | None = None
 
 # %% ../book/eng_trainer.ipynb #3c1e7a07
 @patch_to(Trainer)
@@ -217,7 +220,7 @@ def point(self) -> None:
     """A validation point: log the losses since the last one with the validation loss, and keep
     the weights for averaging."""
     loss, nll, tokens = self.metrics.take(1, self.global_step)
-    self.clock.last_point = self.clock.minutes()
+    self.clock.last_point, self.pointed_at = self.clock.minutes(), self.global_step
     if not self.procs.main:
         return
     with self.clock.timed("validation"):
@@ -237,8 +240,9 @@ def point(self) -> None:
 @patch_to(Trainer)
 def act_on(self, decision: dict[str, Any]) -> None:
     """What the processes agreed falls due after the step: a validation point, last.pt, and the
-    epoch's end, which with points by epoch validates and writes last.pt itself."""
-    epoch_done = self.position >= len(self.plan)
+    epoch's end, which with points by epoch validates and writes last.pt itself. Their time is
+    left out of the throughput's window."""
+    started, epoch_done = time.perf_counter(), self.position >= len(self.plan)
     if decision["point"]:
         self.point()
     by_epoch = epoch_done and self.config.points_by_epoch
@@ -246,6 +250,7 @@ def act_on(self, decision: dict[str, Any]) -> None:
         self.checkpoint()
     if epoch_done and not decision["signal"]:
         self.end_epoch()
+    self.window_start += time.perf_counter() - started  # tokens/s counts training time only
 
 
 @patch_to(Trainer)
@@ -277,7 +282,8 @@ def fit(self, signalled: list[int]) -> None:
                                     "holds the run, resume it")
         if self.procs.main:
             self.validate_end()
-        self.checkpoint()
+        if not self.saved_at == self.pointed_at == self.global_step:  # else last.pt holds it all
+            self.checkpoint()
     finally:
         self.flush()  # a run that stops, for whatever reason, leaves its files whole
 
@@ -385,6 +391,7 @@ def checkpoint(self) -> None:
         if self.procs.main:
             self.writer.submit(self._write_last, state)
     self.clock.last_save = time.perf_counter()
+    self.saved_at = self.global_step
 
 
 @patch_to(Trainer)
