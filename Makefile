@@ -1,5 +1,5 @@
 # The two commands of the quickstart are `make book` and `make test`; the rest are their parts (CI also runs
-# `make test-other-kernels`).
+# `make test-colab-versions`, the second pass under Colab's versions).
 
 # PyTorch's OpenMP threads spin while they wait; with two notebooks sharing two cores that spinning
 # slows small matrix products by an order of magnitude. Passive waiting keeps both threads useful.
@@ -14,7 +14,8 @@ $(error no Python 3.11, 3.12 or 3.13 found; install one, or name it: make PYTHON
 endif
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# torch 2.13.0, a CPU build, for Python 3.11; for another Python, what requirements.txt's range allows.
+# torch 2.13.0 for Python 3.11 (the CPU build where pip finds one, as CI does); for another Python, what
+# requirements.txt's range allows.
 PYTHON_VERSION := $(shell $(PYTHON) -c "import sys; print('%d.%d' % sys.version_info[:2])")
 TORCH_SPEC ?= $(if $(filter 3.11,$(PYTHON_VERSION)),torch==2.13.0,torch>=2.11)
 
@@ -47,8 +48,8 @@ test: env
 test-browser: html
 	$(PY) -m pytest -q tests/browser
 
-## What CI runs after `make test`: every notebook again with the math kernels on another path, against the same
-## stored outputs, and the Colab-like runs beside it.
+## Every notebook again with the math kernels on another path, against the same stored outputs, and the Colab-like
+## runs beside it, in this environment (CI runs this pass under Colab's versions: `make test-colab-versions`).
 test-other-kernels: env
 	@echo "== every notebook again, math kernels on another path: $(OTHER_KERNELS)"
 	$(OTHER_KERNELS) $(PY) -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
@@ -80,12 +81,19 @@ env-colab:
 	@test -n "$(COLAB_VERSIONS_PYTHON)" || { echo "no Python 3.13 found; name one: COLAB_VERSIONS_PYTHON=..."; exit 1; }
 	$(MAKE) --no-print-directory env VENV=$(COLAB_VENV) PYTHON=$(COLAB_VERSIONS_PYTHON) TORCH_SPEC=$(COLAB_VERSIONS_TORCH)
 
-## The library's tests (the notebooks aside) under Colab's versions. CI also runs the Colab-like runs with them:
-## make test-other-kernels COLAB_PYTHON=.venv-colab/bin/python COLAB_TORCH=torch==2.11.0
+## CI's second pass, under Colab's versions: the library's tests and every notebook, the math kernels on the
+## other path (OTHER_KERNELS), against the same stored outputs, with the Colab-like runs beside it (they fill the
+## time its workers would spend idle). One pass for both keeps the two cores busy to its end.
 test-colab-versions: env-colab
 	$(COLAB_VENV)/bin/python -c "import platform, torch; print('Python', platform.python_version(), 'torch', torch.__version__)"
-	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(COLAB_VENV)/bin/python -m pytest -n $(WORKERS) --dist loadfile \
-	  --no-loadscope-reorder -q --ignore=tests/browser tests
+	$(OTHER_KERNELS) $(COLAB_VENV)/bin/python -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
+	@mkdir -p _build; $(MAKE) --no-print-directory colab COLAB_PYTHON=$(COLAB_VENV)/bin/python \
+	  COLAB_TORCH=$(COLAB_VERSIONS_TORCH) > _build/colab.log 2>&1 & colab=$$!; \
+	$(OTHER_KERNELS) TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(COLAB_VENV)/bin/python -m pytest \
+	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 -q $(NBVAL) --ignore=tests/browser \
+	  tests book; status=$$?; \
+	wait $$colab; colab_status=$$?; echo "== Colab-like runs"; cat _build/colab.log; \
+	test $$status -eq 0 && test $$colab_status -eq 0
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -115,8 +123,9 @@ html: env
 	$(PY) tools/web_model.py _build/html
 
 ## Run one notebook top to bottom and store its outputs: make execute NB=book/05_attention.ipynb
+## (chapter 13 trains the tiny preset unless TRANSFORMER_LIB_PRESET names another)
 execute: env
-	OMP_NUM_THREADS=1 $(PY) tools/execute.py $(NB)
+	OMP_NUM_THREADS=1 TRANSFORMER_LIB_PRESET=$${TRANSFORMER_LIB_PRESET:-tiny} $(PY) tools/execute.py $(NB)
 
 ## Side-by-side speed measurements (each prints ratio=... last).
 bench: env
