@@ -53,6 +53,7 @@ gpu_check.log, pytest.log, session_B.json; the sweep writes preflight.json, sess
 sweep.log (each run's last log lines) and metrics_NAME.jsonl of as many runs as the 8 files leave room for (4).
 """
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -68,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
 DATA = ROOT / "data" / "multi30k"  # filled by `make gpu-data`; git ignores data/ (--data: another folder)
 SWEEP_CONFIGS = ROOT / "tools" / "sweep_configs.json"
 
@@ -100,6 +102,18 @@ SWEEP_FILES = ("preflight.json", "session_sweep.json", "sweep.json", "sweep.log"
 # the dry sweep: two tiny runs that differ in one lever
 DRY_SWEEP = [{"name": "dropout0.1", "overrides": {"dropout": 0.1}, "why": "the tiny preset's dropout"},
              {"name": "dropout0.3", "overrides": {"dropout": 0.3}, "why": "one lever changed, to see it reach the run"}]
+
+
+def needs_nbformat() -> list[Path]:
+    """The test files that need nbformat, directly or through a module of tools/."""
+    names = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.M)
+
+    def imported(path: Path) -> set[str]:
+        return set(names.findall(path.read_text(encoding="utf-8")))
+
+    readers = {"nbformat", "nbclient"}
+    readers |= {t.stem for t in (ROOT / "tools").glob("*.py") if imported(t) & readers}
+    return [t for t in sorted((ROOT / "tests").glob("test_*.py")) if imported(t) & readers]
 
 
 class Session:
@@ -273,6 +287,8 @@ def phase_b(s: Session, budget_s: float = PHASE_B_S) -> None:
         tests += DRY_TESTS
     else:
         tests += ["tests"]
+        if importlib.util.find_spec("nbformat") is None:  # the book's page tests read notebooks with it
+            tests += [f"--ignore={t}" for t in needs_nbformat()]
         try:
             import xdist  # noqa: F401
 
