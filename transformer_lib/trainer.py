@@ -239,10 +239,13 @@ def point(self) -> None:
 # %% ../book/eng_trainer.ipynb #3c1e7a19
 @patch_to(Trainer)
 def act_on(self, decision: dict[str, Any]) -> None:
-    """What the processes agreed falls due after the step: a validation point, last.pt, and the
-    epoch's end, which with points by epoch validates and writes last.pt itself. Their time is
-    left out of the throughput's window."""
-    started, epoch_done = time.perf_counter(), self.position >= len(self.plan)
+    """What the processes agreed falls due after the step (a validation point, last.pt, the epoch's
+    end, which with points by epoch validates and writes last.pt); tokens/s leaves its time out."""
+    epoch_done = self.position >= len(self.plan)
+    due = decision["point"] or decision["save"] or decision["signal"] or epoch_done
+    if due and self.device.type == "cuda":
+        torch.cuda.synchronize(self.device)  # the step's queued kernels are training time
+    started = time.perf_counter()
     if decision["point"]:
         self.point()
     by_epoch = epoch_done and self.config.points_by_epoch
@@ -261,6 +264,8 @@ def end_epoch(self) -> None:
     if self.config.points_by_epoch:
         self.point()
         self.checkpoint()
+    else:
+        self.saved_at = None  # a last.pt of this step holds the old epoch: fit writes it again
     self.plan = self.batches.epoch(self.epoch)
 
 # %% ../book/eng_trainer.ipynb #3c1e7a21
