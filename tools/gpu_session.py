@@ -69,7 +69,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-
 DATA = ROOT / "data" / "multi30k"  # filled by `make gpu-data`; git ignores data/ (--data: another folder)
 SWEEP_CONFIGS = ROOT / "tools" / "sweep_configs.json"
 
