@@ -66,9 +66,12 @@ test-other-kernels: env
 COLAB_NOTEBOOKS ?= book/13_translator.ipynb book/01_tokens.ipynb book/10_transformer.ipynb
 COLAB_PYTHON ?= $(PYTHON)
 COLAB_TORCH ?= $(TORCH_SPEC)
+## The runtime's packages are hard links of those installed in this environment (or COLAB_PACKAGES_FROM's), where
+## its Python and torch are the same: the same files without unpacking torch again.
+COLAB_PACKAGES_FROM ?= $(PY)
 colab: env
 	TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) tools/colab_run.py --python "$(COLAB_PYTHON)" \
-	  --torch "$(COLAB_TORCH)" $(COLAB_NOTEBOOKS)
+	  --torch "$(COLAB_TORCH)" --packages-from "$(COLAB_PACKAGES_FROM)" $(COLAB_NOTEBOOKS)
 
 ## Colab's versions, as its runtime reported them in 2026-08 (CONTRIBUTING): Python 3.13 and torch 2.11, in an
 ## environment of their own (.venv-colab). A Python 3.13 on the PATH, else pyenv's.
@@ -88,7 +91,7 @@ test-colab-versions: env-colab
 	$(COLAB_VENV)/bin/python -c "import platform, torch; print('Python', platform.python_version(), 'torch', torch.__version__)"
 	$(OTHER_KERNELS) $(COLAB_VENV)/bin/python -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
 	@mkdir -p _build; $(MAKE) --no-print-directory colab COLAB_PYTHON=$(COLAB_VENV)/bin/python \
-	  COLAB_TORCH=$(COLAB_VERSIONS_TORCH) > _build/colab.log 2>&1 & colab=$$!; \
+	  COLAB_TORCH=$(COLAB_VERSIONS_TORCH) COLAB_PACKAGES_FROM=$(COLAB_VENV)/bin/python > _build/colab.log 2>&1 & colab=$$!; \
 	$(OTHER_KERNELS) TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(COLAB_VENV)/bin/python -m pytest \
 	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 -q $(NBVAL) --ignore=tests/browser \
 	  tests book; status=$$?; \

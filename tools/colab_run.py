@@ -8,9 +8,14 @@ The set-up cell clones the repository from its public URL; here git rewrites tha
 commit under test (the working tree's tracked files, uncommitted changes included), so nothing leaves the machine
 and the cell runs unchanged. A notebook passes when every cell runs without an error, the set-up cell worked in
 a copy of the repository, and the library it installed is the one in this working tree.
+
+With --packages-from PYTHON the fresh runtime's torch, numpy, matplotlib, ipykernel and what they require are hard
+links of the files installed in that Python's environment (the same versions, the same files), not a second pip
+install: a CUDA build of torch is several GB to unpack, 226 s of a two-core machine's time.
 """
 import argparse
 import filecmp
+import json
 import os
 import shutil
 import subprocess
@@ -55,11 +60,77 @@ def serve_repository(work: Path) -> Path:
     return config
 
 
-def fresh_python(work: Path, torch_spec: str, python: str = sys.executable) -> Path:
-    """A new virtual environment of `python` with torch and Colab's other preinstalled packages."""
+# Run by the Python whose environment already holds the packages: the files of torch, of Colab's other packages
+# and of everything they require (with the extras a requirement names), as {"site": site-packages, "version":
+# "3.13.0", "torch": "2.11.0", "files": [paths relative to site-packages]}, or {"missing": name} for a requirement
+# it lacks.
+CLOSURE = r"""
+import json, platform, re, sys, sysconfig
+from importlib import metadata
+from pip._vendor.packaging.requirements import Requirement
+wanted, seen, files = [(name, "") for name in sys.argv[1:]], set(), []
+while wanted:  # (a distribution, one of its extras that a requirement asked for, or "")
+    name, extra = wanted.pop()
+    name = re.sub(r"[-_.]+", "-", name).lower()
+    if (name, extra) in seen:
+        continue
+    first = not any(seen_name == name for seen_name, _ in seen)
+    seen.add((name, extra))
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        print(json.dumps({"missing": name})); sys.exit()
+    if dist.files is None:
+        print(json.dumps({"missing": name + " (no RECORD)"})); sys.exit()
+    if first:
+        files += [str(f) for f in dist.files if not str(f).startswith("..")]
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": extra}):
+            wanted += [(req.name, "")] + [(req.name, e) for e in req.extras]
+print(json.dumps({"site": sysconfig.get_paths()["purelib"], "version": platform.python_version(),
+                  "torch": metadata.version("torch"), "files": files}))
+"""
+
+
+def linked_packages(venv: Path, source: Path, torch_spec: str) -> str | None:
+    """Give venv the installed files of torch, Colab's other packages and their requirements from the environment
+    of the Python `source`, as hard links (a second install of a CUDA build of torch writes several GB; the links
+    are the same files). None when done; else why not (another Python, another torch, a package missing there)."""
+    found = json.loads(run(source, "-c", CLOSURE, "torch", *COLAB_PACKAGES, capture_output=True, text=True).stdout)
+    if "missing" in found:
+        return f"{found['missing']} is not installed there"
+    ours = run(venv / "bin" / "python", "-c", "import platform, sysconfig; "
+               "print(platform.python_version(), sysconfig.get_paths()['purelib'])",
+               capture_output=True, text=True).stdout.split()
+    if ours[0] != found["version"]:
+        return f"its Python is {found['version']}, the runtime's {ours[0]}"
+    if torch_spec.startswith("torch==") and found["torch"].split("+")[0] != torch_spec[len("torch=="):]:
+        return f"it has torch {found['torch']}, not {torch_spec}"
+    site, target = Path(found["site"]), Path(ours[1])
+    try:
+        for name in found["files"]:
+            if (site / name).is_file() and not (target / name).exists():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                os.link(site / name, target / name)
+    except OSError as error:  # another file system, say
+        return f"a link failed: {error}"
+    check = subprocess.run([venv / "bin" / "python", "-m", "pip", "check"], capture_output=True, text=True)
+    return None if check.returncode == 0 else f"pip check: {check.stdout.strip()}"
+
+
+def fresh_python(work: Path, torch_spec: str, python: str = sys.executable, packages_from: str | None = None) -> Path:
+    """A new virtual environment of `python` with torch and Colab's other preinstalled packages: pip installs them,
+    unless the environment of the Python `packages_from` holds them (torch as torch_spec asks), whose files it
+    then links."""
     venv = work / "venv"
     run(python, "-m", "venv", venv)
-    run(venv / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, *COLAB_PACKAGES)
+    why_not = linked_packages(venv, Path(packages_from), torch_spec) if packages_from else "none named"
+    if why_not is None:
+        print(f"torch and {', '.join(COLAB_PACKAGES)} linked from the environment of {packages_from}")
+    else:
+        print(f"torch and {', '.join(COLAB_PACKAGES)} installed by pip (from another environment: {why_not})")
+        run(venv / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, *COLAB_PACKAGES)
     return venv
 
 
@@ -120,13 +191,16 @@ def main() -> None:
     parser.add_argument("--torch", default=os.environ.get("TORCH_SPEC", "torch==2.13.0"), help="pip's torch spec")
     parser.add_argument("--python", default=sys.executable,
                         help="the Python of the fresh runtimes (default: this one)")
+    parser.add_argument("--packages-from", metavar="PYTHON",
+                        help="link the runtime's packages from this Python's environment where it holds them "
+                             "(default: pip installs them)")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks at once")
     args = parser.parse_args()
     start = time.perf_counter()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     work = args.work.resolve()
-    venv = fresh_python(work, args.torch, args.python)
+    venv = fresh_python(work, args.torch, args.python, args.packages_from)
     version = run(venv / "bin" / "python", "-c", "import platform; print(platform.python_version())",
                   capture_output=True, text=True).stdout.strip()
     print(f"fresh Python {version} with {args.torch} and {', '.join(COLAB_PACKAGES)} ({time.perf_counter() - start:.0f} s)")
