@@ -84,15 +84,17 @@ env-colab:
 	@test -n "$(COLAB_VERSIONS_PYTHON)" || { echo "no Python 3.13 found; name one: COLAB_VERSIONS_PYTHON=..."; exit 1; }
 	$(MAKE) --no-print-directory env VENV=$(COLAB_VENV) PYTHON=$(COLAB_VERSIONS_PYTHON) TORCH_SPEC=$(COLAB_VERSIONS_TORCH)
 
-## CI's second pass, under Colab's versions: the library's tests and every notebook, the math kernels on the
-## other path (OTHER_KERNELS), against the same stored outputs, with the Colab-like runs beside it (they fill the
-## time its workers would spend idle). One pass for both keeps the two cores busy to its end.
+## CI's second pass, under Colab's versions: the library's tests, and every notebook with its kernel's math on the
+## other path (OTHER_KERNELS, through NOTEBOOK_KERNEL_ENV: conftest.py) against the same stored outputs, with the
+## Colab-like runs beside it (they fill the time its workers would spend idle). One pass for both keeps the two
+## cores busy to its end.
 test-colab-versions: env-colab
 	$(COLAB_VENV)/bin/python -c "import platform, torch; print('Python', platform.python_version(), 'torch', torch.__version__)"
-	$(OTHER_KERNELS) $(COLAB_VENV)/bin/python -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
+	$(OTHER_KERNELS) $(COLAB_VENV)/bin/python -c "import torch; print('the notebooks\' CPU kernels:', \
+	  torch.backends.cpu.get_cpu_capability())"
 	@mkdir -p _build; $(MAKE) --no-print-directory colab COLAB_PYTHON=$(COLAB_VENV)/bin/python \
 	  COLAB_TORCH=$(COLAB_VERSIONS_TORCH) COLAB_PACKAGES_FROM=$(COLAB_VENV)/bin/python > _build/colab.log 2>&1 & colab=$$!; \
-	$(OTHER_KERNELS) TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(COLAB_VENV)/bin/python -m pytest \
+	NOTEBOOK_KERNEL_ENV="$(OTHER_KERNELS)" TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(COLAB_VENV)/bin/python -m pytest \
 	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 -q $(NBVAL) --ignore=tests/browser \
 	  tests book; status=$$?; \
 	wait $$colab; colab_status=$$?; echo "== Colab-like runs"; cat _build/colab.log; \
