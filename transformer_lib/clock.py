@@ -78,6 +78,9 @@ class RunClock:
         eval_every; or eval_minutes have passed since the last point."""
         c = self.config
         every = c.eval_epochs * n_batches if c.eval_epochs is not None else math.inf
+        # + 1e-9: a step that reaches a multiple exactly must count, though rounding can leave the
+        # quotient just short: eval_epochs=0.2 of 12 micro-batches makes every 2.4000000000000004,
+        # and 12 / every 4.999999999999999, whose floor is 4, not 5
         crossed = math.floor(done / every + 1e-9) > math.floor((done - per_step) / every + 1e-9)
         return crossed or (c.eval_every is not None and step % c.eval_every == 0) or (
             c.eval_minutes is not None and self.minutes() - self.last_point >= c.eval_minutes)
