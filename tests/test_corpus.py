@@ -11,7 +11,7 @@ import pytest
 from transformer_lib.data import DataError
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
 from transformer_lib.config import TrainConfig
-from transformer_lib.corpus import read_parallel
+from transformer_lib.corpus import read_corpus, read_parallel
 from transformer_lib.training_run import train
 
 SMALL = dict(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.1, vocab_size=300,
@@ -97,6 +97,26 @@ def test_read_parallel_lines(tmp_path):
 def test_all_four_files_or_none():
     with pytest.raises(ValueError, match="go together: val_src, val_tgt missing"):
         TrainConfig(train_src="a", train_tgt="b")
+
+
+def test_direction_only_for_multi30k():
+    files = dict(train_src="a", train_tgt="b", val_src="c", val_tgt="d")
+    with pytest.raises(ValueError, match="direction='en-de' applies to Multi30k only.*the other way round"):
+        TrainConfig(**files, direction="en-de")
+    assert TrainConfig(**files).direction == "de-en"
+    assert TrainConfig(direction="en-de").direction == "en-de"  # Multi30k turned around, as before
+
+
+def test_changed_files_under_saved_checksums_say_what_to_do(tmp_path):
+    """A plain resume takes the checkpoint's configuration, corpus_sha256 included."""
+    paths = write_corpus(tmp_path / "data", n_train=5, n_val=2)
+    sums = read_corpus(TrainConfig(**paths))[2]
+    Path(paths["val_tgt"]).write_text("The dog.\nThe cat.\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_corpus(TrainConfig(**paths, corpus_sha256=sums))
+    assert str(err.value) == (f"{paths['val_tgt']}: not the files this run trained on (their checksums differ "
+                              "from those in its configuration, corpus_sha256); restore those files, or start "
+                              "a new run in another folder")
 
 
 def test_command_line(corpus, tmp_path):

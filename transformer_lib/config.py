@@ -284,7 +284,8 @@ CORPUS_FIELDS = ("train_src", "train_tgt", "val_src", "val_tgt")
 
 
 def _check_corpus_fields(config: TrainConfig) -> None:
-    """The corpus files as plain strings, all four or none; corpus_sha256 only with them."""
+    """The corpus files as plain strings, all four or none; corpus_sha256 only with them, and
+    direction only without them."""
     for name in CORPUS_FIELDS:
         if getattr(config, name) is not None:
             setattr(config, name, os.fspath(getattr(config, name)))
@@ -295,6 +296,11 @@ def _check_corpus_fields(config: TrainConfig) -> None:
     if config.corpus_sha256 is not None and not given:
         raise ValueError("corpus_sha256 describes corpus files; "
                          "set train_src, train_tgt, val_src and val_tgt")
+    # direction turns Multi30k's pairs around; corpus files train as named, source first
+    if given and config.direction != "de-en":
+        raise ValueError(f"direction={config.direction!r} applies to Multi30k only: corpus files "
+                         "train from the first file of each pair to the second; to train the "
+                         "other way, name the files the other way round and leave direction out")
 
 
 # %% ../book/eng_configuration.ipynb #14653fad

@@ -48,7 +48,9 @@ def read_corpus(config: TrainConfig) -> tuple[list, list, dict[str, str]] | None
         differ = [name for name in CORPUS_FIELDS
                   if config.corpus_sha256.get(name) != checksums[name]]
         names = ", ".join(getattr(config, n) for n in differ)
-        raise DataError(f"{names}: not the files of corpus_sha256 (their checksums differ)")
+        raise DataError(f"{names}: not the files this run trained on (their checksums differ from "
+                        "those in its configuration, corpus_sha256); restore those files, or "
+                        "start a new run in another folder")
     return train_pairs, val_pairs, checksums
 
 
