@@ -145,7 +145,7 @@ def main() -> None:
             other_tps = statistics.median(tokens_per_second(other_step, batches) for _ in range(3))
             print(f"ours ({'float32' if other is None else 'bf16 autocast'}):               {other_tps:8.0f} tokens/s")
         else:
-            print("ours (bf16 autocast): not timed, this CPU has no bfloat16 instructions (emulated, many times slower)")
+            print("ours (bf16 autocast): not timed, this CPU has no bfloat16 instructions (emulated in float32 arithmetic)")
         with tempfile.TemporaryDirectory() as tmp:
             run = TrainConfig.from_preset("cpu", max_steps=60, log_every=20, train_subset=6000, average_last=1)
             train(run, Path(tmp) / "run", progress=False, tokenizer=tokenizer)

@@ -67,7 +67,7 @@ def test_cpu_flags_are_read_from_cpuinfo_lines(monkeypatch, tmp_path):
 
 
 def test_fp16_on_a_cpu_warns():
-    with pytest.warns(UserWarning, match="amp=fp16: PyTorch.s CPU kernels are slow in float16"):
+    with pytest.warns(UserWarning, match="amp=fp16: amp=auto never picks float16 on a CPU"):
         try:
             check_runtime(CPU, "fp16")
         except UnsupportedSetting:
@@ -122,11 +122,15 @@ def test_command_line_gives_one_line_and_usage_exit(tmp_path, capsys):
     assert not any("Traceback" in line for line in err)
 
 
-def _one_gpu(monkeypatch, capability=(9, 0)):
-    """Pretend this machine has one CUDA GPU of the given compute capability."""
+def _one_gpu(monkeypatch, capability=(9, 0), memory=80 * 2**30):
+    """Pretend this machine has one CUDA GPU of the given compute capability and memory in bytes."""
+    import types
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(total_memory=memory))
 
 
 def test_a_gpu_index_past_the_last_gpu_is_refused(monkeypatch):
@@ -214,6 +218,25 @@ def test_the_machine_picks_its_preset(monkeypatch, gpu, expected):
     else:
         _one_gpu(monkeypatch, capability=gpu)
     assert runtime.machine_preset() == expected
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("capability, memory, expected", [
+    ((8, 6), 8 * GiB, "colab"),        # an 8 GiB RTX card: the gpu preset's 9.9 GiB estimate does not fit
+    ((8, 6), 11.7 * GiB, "colab"),     # a 12 GB card as CUDA reports it: under 14 GiB
+    ((8, 9), 16 * GiB, "gpu"),         # a 16 GB card
+    ((8, 0), 40 * GiB, "gpu"),         # an A100
+    ((7, 5), 15 * GiB, "colab"),       # a T4: memory enough, no bfloat16
+])
+def test_the_gpu_preset_needs_the_memory_its_estimate_asks(monkeypatch, capability, memory, expected):
+    """machine_preset gives the gpu preset only to a bfloat16 GPU with at least 14 GiB (eng_devices: the
+    preset's estimated 9.9 GiB plus headroom); a smaller card trains the colab preset."""
+    monkeypatch.setattr(runtime, "mps_available", lambda: False)
+    _one_gpu(monkeypatch, capability=capability, memory=int(memory))
+    assert runtime.machine_preset() == expected
+    assert runtime.GPU_PRESET_MEMORY == 14 * GiB
 
 
 def test_an_apple_gpu_trains_the_cpu_preset(monkeypatch):

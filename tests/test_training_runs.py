@@ -50,7 +50,7 @@ def test_auto_amp_on_the_cpu_is_bf16_only_with_bf16_instructions(monkeypatch):
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
     assert resolve_amp("auto", cpu) == torch.bfloat16
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: False)
-    assert resolve_amp("auto", cpu) is None  # emulated bfloat16 would be many times slower than float32
+    assert resolve_amp("auto", cpu) is None  # no bfloat16 instructions: float32, not emulation
     assert resolve_amp("bf16", cpu) == torch.bfloat16  # asked for by name, it is what it says
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
     assert resolve_amp(TrainConfig.from_preset("tiny").amp, cpu) is None  # the book's stored outputs: float32 anywhere
