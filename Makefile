@@ -105,7 +105,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	@# the editable install writes transformer_lib.egg-info into the tree: one environment at a time (CI makes two
+	@# at once), where flock(1) is there to say so
+	$(if $(shell command -v flock),flock pyproject.toml) $(PY) -m pip install --quiet --no-deps -e .
 	@# tools/ on the path, so that nbdev-export finds its export processor (pyproject.toml, `export_procs`)
 	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'book_tools.pth')\
 	.write_text('$(CURDIR)/tools\n')"

@@ -21,9 +21,21 @@ def pytest_collection_modifyitems(config, items) -> None:
 # NOTEBOOK_KERNEL_ENV="NAME=value ...": variables that the notebooks' kernels start with and the rest of the run
 # does not see. CI's second pass runs the notebooks on another path through PyTorch's math kernels (a stored output
 # must hold on every path) and the library's tests on the default one, where they compare against references with
-# tolerances of their own (on the other path, the three longest test files took 194 s against 158).
-NOTEBOOK_ENV = dict(pair.split("=", 1) for pair in os.environ.get("NOTEBOOK_KERNEL_ENV", "").split())
-OUTSIDE_NOTEBOOKS = {name: os.environ.get(name) for name in NOTEBOOK_ENV}
+# tolerances of their own.
+NOTEBOOK_ENV: dict[str, str] = {}
+OUTSIDE_NOTEBOOKS: dict[str, str | None] = {}
+
+
+def pytest_configure(config) -> None:
+    """NOTEBOOK_KERNEL_ENV read, and the run's own values of its names kept; an entry that is not NAME=value stops
+    the run before any test, naming the entry."""
+    text = os.environ.get("NOTEBOOK_KERNEL_ENV", "")
+    for pair in text.split():
+        name, equals, value = pair.partition("=")
+        if not (name and equals):
+            raise pytest.UsageError(f"NOTEBOOK_KERNEL_ENV={text!r}: {pair!r} is not NAME=value")
+        NOTEBOOK_ENV[name] = value
+        OUTSIDE_NOTEBOOKS[name] = os.environ.get(name)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -105,6 +105,8 @@ def test_direction_only_for_multi30k():
         TrainConfig(**files, direction="en-de")
     assert TrainConfig(**files).direction == "de-en"
     assert TrainConfig(direction="en-de").direction == "en-de"  # Multi30k turned around, as before
+    with pytest.raises(ValueError, match="direction='fr-en' must be one of de-en, en-de"):
+        TrainConfig(**files, direction="fr-en")  # unknown, with corpus files too
 
 
 def test_changed_files_under_saved_checksums_say_what_to_do(tmp_path):

@@ -11,7 +11,7 @@ a copy of the repository, and the library it installed is the one in this workin
 
 With --packages-from PYTHON the fresh runtime's torch, numpy, matplotlib, ipykernel and what they require are hard
 links of the files installed in that Python's environment (the same versions, the same files), not a second pip
-install: a CUDA build of torch is several GB to unpack, 226 s of a two-core machine's time.
+install: a CUDA build of torch is several GB to unpack.
 """
 import argparse
 import filecmp
@@ -94,27 +94,29 @@ print(json.dumps({"site": sysconfig.get_paths()["purelib"], "version": platform.
 
 
 def linked_packages(venv: Path, source: Path, torch_spec: str) -> str | None:
-    """Give venv the installed files of torch, Colab's other packages and their requirements from the environment
-    of the Python `source`, as hard links (a second install of a CUDA build of torch writes several GB; the links
-    are the same files). None when done; else why not (another Python, another torch, a package missing there)."""
-    found = json.loads(run(source, "-c", CLOSURE, "torch", *COLAB_PACKAGES, capture_output=True, text=True).stdout)
-    if "missing" in found:
-        return f"{found['missing']} is not installed there"
-    ours = run(venv / "bin" / "python", "-c", "import platform, sysconfig; "
-               "print(platform.python_version(), sysconfig.get_paths()['purelib'])",
-               capture_output=True, text=True).stdout.split()
-    if ours[0] != found["version"]:
-        return f"its Python is {found['version']}, the runtime's {ours[0]}"
-    if torch_spec.startswith("torch==") and found["torch"].split("+")[0] != torch_spec[len("torch=="):]:
-        return f"it has torch {found['torch']}, not {torch_spec}"
-    site, target = Path(found["site"]), Path(ours[1])
+    """Give venv, made without pip, the installed files of pip, torch, Colab's other packages and their
+    requirements from the environment of the Python `source`, as hard links (a second install of a CUDA build of
+    torch writes several GB; the links are the same files). None when done; else why not (another Python, another
+    torch, a package missing there, a link that failed)."""
     try:
+        found = json.loads(run(source, "-c", CLOSURE, "pip", "torch", *COLAB_PACKAGES,
+                               capture_output=True, text=True).stdout)
+        if "missing" in found:
+            return f"{found['missing']} is not installed there"
+        ours = run(venv / "bin" / "python", "-c", "import platform, sysconfig; "
+                   "print(platform.python_version(), sysconfig.get_paths()['purelib'])",
+                   capture_output=True, text=True).stdout.split()
+        if ours[0] != found["version"]:
+            return f"its Python is {found['version']}, the runtime's {ours[0]}"
+        if torch_spec.startswith("torch==") and found["torch"].split("+")[0] != torch_spec[len("torch=="):]:
+            return f"it has torch {found['torch']}, not {torch_spec}"
+        site, target = Path(found["site"]), Path(ours[1])
         for name in found["files"]:
-            if (site / name).is_file() and not (target / name).exists():
+            if (site / name).is_file():
                 (target / name).parent.mkdir(parents=True, exist_ok=True)
-                os.link(site / name, target / name)
-    except OSError as error:  # another file system, say
-        return f"a link failed: {error}"
+                os.link(site / name, target / name)  # the runtime's site-packages held nothing: no file exists
+    except (OSError, subprocess.CalledProcessError, ValueError, KeyError, IndexError) as error:
+        return f"linking failed: {error}"  # another file system, say, or a Python that does not run
     check = subprocess.run([venv / "bin" / "python", "-m", "pip", "check"], capture_output=True, text=True)
     return None if check.returncode == 0 else f"pip check: {check.stdout.strip()}"
 
@@ -122,14 +124,20 @@ def linked_packages(venv: Path, source: Path, torch_spec: str) -> str | None:
 def fresh_python(work: Path, torch_spec: str, python: str = sys.executable, packages_from: str | None = None) -> Path:
     """A new virtual environment of `python` with torch and Colab's other preinstalled packages: pip installs them,
     unless the environment of the Python `packages_from` holds them (torch as torch_spec asks), whose files it
-    then links."""
+    then links into an environment made empty (without pip, which comes linked too, and without the setuptools
+    that Python 3.11's venv adds), so that no file of another version stays beside them."""
     venv = work / "venv"
-    run(python, "-m", "venv", venv)
-    why_not = linked_packages(venv, Path(packages_from), torch_spec) if packages_from else "none named"
+    why_not = "none named"
+    if packages_from:
+        run(python, "-m", "venv", "--without-pip", venv)
+        why_not = linked_packages(venv, Path(packages_from), torch_spec)
+        if why_not is not None:
+            shutil.rmtree(venv)  # a partly linked environment is started again, for pip
     if why_not is None:
         print(f"torch and {', '.join(COLAB_PACKAGES)} linked from the environment of {packages_from}")
     else:
         print(f"torch and {', '.join(COLAB_PACKAGES)} installed by pip (from another environment: {why_not})")
+        run(python, "-m", "venv", venv)
         run(venv / "bin" / "python", "-m", "pip", "install", "-q", torch_spec, *COLAB_PACKAGES)
     return venv
 
