@@ -1,7 +1,9 @@
 """Training on a corpus of one's own: parallel text files instead of Multi30k, their checks before any work, their
 checksums in the run, and a resume on other files refused; through train and through the command line."""
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ from transformer_lib.data import DataError
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
 from transformer_lib.config import TrainConfig
 from transformer_lib.corpus import read_corpus, read_parallel
-from transformer_lib.training_run import train
+from transformer_lib.training_run import resumed_config, train
 
 SMALL = dict(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.1, vocab_size=300,
              max_tokens=300, warmup=5, epochs=1, max_steps=3, log_every=1, average_last=1, seed=0, device="cpu",
@@ -119,6 +121,51 @@ def test_changed_files_under_saved_checksums_say_what_to_do(tmp_path):
     assert str(err.value) == (f"{paths['val_tgt']}: not the files this run trained on (their checksums differ "
                               "from those in its configuration, corpus_sha256); restore those files, or start "
                               "a new run in another folder")
+
+
+def test_checksums_are_of_the_bytes_read(tmp_path, monkeypatch):
+    """Each checksum is the SHA-256 of the bytes decoded, even when the file changes after the read."""
+    paths = write_corpus(tmp_path / "data", n_train=5, n_val=2)
+    expected = {name: hashlib.sha256(Path(path).read_bytes()).hexdigest() for name, path in paths.items()}
+    read_bytes = Path.read_bytes
+
+    def read_then_edit(path):
+        data = read_bytes(path)
+        if str(path) == paths["val_tgt"]:  # edited between the read and any second look
+            path.write_text("The dog.\nThe cat.\n", encoding="utf-8")
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_edit)
+    train_pairs, val_pairs, sums = read_corpus(TrainConfig(**paths))
+    assert sums == expected
+    assert val_pairs[0][1] == "The horse sees 0 trees." and len(train_pairs) == 5
+
+
+def test_unreadable_file_under_saved_checksums_says_to_name_the_files(tmp_path):
+    paths = write_corpus(tmp_path / "data", n_train=5, n_val=2)
+    sums = read_corpus(TrainConfig(**paths))[2]
+    Path(paths["train_src"]).unlink()
+    with pytest.raises(DataError, match=r"cannot read .*train\.src: .*name them again: --train and --val beside "
+                                        r"--resume .*passes the checksum check"):
+        read_corpus(TrainConfig(**paths, corpus_sha256=sums))
+    with pytest.raises(DataError, match=r"cannot read .*train\.src") as fresh:
+        read_corpus(TrainConfig(**paths))
+    assert "--resume" not in str(fresh.value)  # a new run has nothing to resume
+
+
+def test_moved_files_resume_when_named_again(corpus, tmp_path):
+    folder = tmp_path / "files"
+    shutil.copytree(Path(corpus["train_src"]).parent, folder)
+    paths = {name: str(folder / Path(path).name) for name, path in corpus.items()}
+    train(TrainConfig(**SMALL, **paths), tmp_path / "run", progress=False)
+    moved = {name: str(tmp_path / "moved" / Path(path).name) for name, path in paths.items()}
+    folder.rename(tmp_path / "moved")
+    with pytest.raises(DataError, match="cannot read .*name them again: --train and --val beside --resume"):
+        train(None, tmp_path / "run", resume=True, progress=False)
+    more = train(resumed_config(tmp_path / "run", **moved, max_steps=5), tmp_path / "run", resume=True,
+                 progress=False)
+    assert more.history[-1]["step"] == 5
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["train_config"]["train_src"] == moved["train_src"]
 
 
 def test_command_line(corpus, tmp_path):

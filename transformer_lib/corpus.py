@@ -12,38 +12,52 @@ from pathlib import Path
 
 from .config import CORPUS_FIELDS, TrainConfig
 from .data import DataError, cache_dir, read_lines
-from .files import sha256_file
 from .tokenizer import _FORMAT_VERSION, BPETokenizer, cached_tokenizer
 
+# %% ../book/eng_corpus.ipynb #cor10003
+def _read_file(path: Path, hint: str = "") -> tuple[list[str], str]:
+    """The lines of one corpus file and the SHA-256 of the bytes they were decoded from; DataError,
+    naming the file, for one that cannot be read (hint added), is not UTF-8 or is empty."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror or err}{hint}") from None
+    lines = read_lines(data, str(path), invalid="error")  # DataError naming the line
+    if not any(line.strip() for line in lines):
+        raise DataError(f"{path} is empty: a corpus file holds one sentence a line")
+    return lines, hashlib.sha256(data).hexdigest()
+
 # %% ../book/eng_corpus.ipynb #1ce19dba
+def _read_pair(src_path: str | Path, tgt_path: str | Path,
+               hint: str = "") -> tuple[list[tuple[str, str]], tuple[str, str]]:
+    """read_parallel's pairs, with the SHA-256 of each file's bytes as read."""
+    (src, src_sum), (tgt, tgt_sum) = (_read_file(Path(p), hint) for p in (src_path, tgt_path))
+    if len(src) != len(tgt):
+        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
+                        "line i of the one must translate line i of the other")
+    return list(zip(src, tgt)), (src_sum, tgt_sum)
+
+
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
     """(source, target) pairs from two UTF-8 files of one sentence a line; DataError, naming the
     file (and the line), for a file that cannot be read, an empty file, invalid UTF-8 or different
     numbers of lines."""
-    sides = []
-    for path in (Path(src_path), Path(tgt_path)):
-        try:
-            data = path.read_bytes()
-        except OSError as err:
-            raise DataError(f"cannot read {path}: {err.strerror or err}") from None
-        lines = read_lines(data, str(path), invalid="error")
-        if not any(line.strip() for line in lines):
-            raise DataError(f"{path} is empty: a corpus file holds one sentence a line")
-        sides.append(lines)
-    if len(sides[0]) != len(sides[1]):
-        raise DataError(f"{src_path} has {len(sides[0])} lines but {tgt_path} has {len(sides[1])}: "
-                        "line i of the one must translate line i of the other")
-    return list(zip(*sides))
+    return _read_pair(src_path, tgt_path)[0]
 
-
+# %% ../book/eng_corpus.ipynb #cor10006
 def read_corpus(config: TrainConfig) -> tuple[list, list, dict[str, str]] | None:
-    """(training pairs, validation pairs, SHA-256 of each file) of config's corpus files; None for
-    Multi30k."""
+    """(training pairs, validation pairs, SHA-256 of each file's bytes as read) of config's corpus
+    files; None for Multi30k. DataError for a broken file, and for files whose checksums differ
+    from config.corpus_sha256 (a plain resume's)."""
     if config.train_src is None:
         return None
-    train_pairs = read_parallel(config.train_src, config.train_tgt)
-    val_pairs = read_parallel(config.val_src, config.val_tgt)
-    checksums = {name: sha256_file(Path(getattr(config, name))) for name in CORPUS_FIELDS}
+    # a plain resume looks for the files where the run found them
+    moved = ("; if the run's files moved, name them again: --train and --val beside --resume "
+             "(from Python, resumed_config with the four paths), which passes the checksum check "
+             "when they are the same files" if config.corpus_sha256 is not None else "")
+    train_pairs, train_sums = _read_pair(config.train_src, config.train_tgt, moved)
+    val_pairs, val_sums = _read_pair(config.val_src, config.val_tgt, moved)
+    checksums = dict(zip(CORPUS_FIELDS, train_sums + val_sums))
     if config.corpus_sha256 is not None and config.corpus_sha256 != checksums:
         differ = [name for name in CORPUS_FIELDS
                   if config.corpus_sha256.get(name) != checksums[name]]
@@ -53,11 +67,12 @@ def read_corpus(config: TrainConfig) -> tuple[list, list, dict[str, str]] | None
                         "start a new run in another folder")
     return train_pairs, val_pairs, checksums
 
-
+# %% ../book/eng_corpus.ipynb #cor10008
 def corpus_tokenizer(pairs: Sequence[tuple[str, str]], vocab_size: int,
                      checksums: dict[str, str]) -> BPETokenizer:
-    """The joint BPE tokenizer of a corpus's training pairs, cached under cache_dir() by its files'
-    checksums."""
+    """The joint BPE tokenizer of a corpus's training pairs, cached under cache_dir() by its
+    training files' checksums; pairs and checksums must belong together (one read_corpus's), since
+    the cache trusts the checksums to describe the pairs."""
     both = checksums["train_src"] + checksums["train_tgt"]
     key = hashlib.sha256(both.encode()).hexdigest()[:16]
     path = cache_dir() / "tokenizers" / f"corpus-{key}-bpe{vocab_size}-v{_FORMAT_VERSION}.json"

@@ -42,7 +42,8 @@ CACHE_ENV = "TRANSFORMER_LIB_CACHE"
 
 
 class DataError(RuntimeError):
-    """The Multi30k files are missing, incomplete or corrupt, or could not be downloaded."""
+    """Data that cannot be used: Multi30k files missing, incomplete, corrupt or not downloaded,
+    or corpus files of one's own that cannot be read, are empty, are not UTF-8 or do not pair."""
 
 
 def cache_dir() -> Path:
