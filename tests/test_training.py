@@ -272,6 +272,62 @@ def test_overrides_from_the_command_line():
         TrainConfig(attention_dropout=1.5)
 
 
+def test_the_field_groups_make_the_fields_in_their_order_and_a_stored_configuration_loads():
+    from dataclasses import fields
+
+    from transformer_lib import config as module
+
+    groups = [module.ModelSettings, module._LateDropout, module._Data, module._Optimisation, module._Length,
+              module._Machinery, module._Cadence]
+    names = [f.name for f in fields(TrainConfig)]
+    assert names == [f.name for group in groups for f in fields(group)]
+    assert len(names) == len(set(names))  # no field in two groups
+    # the order checkpoints, records and --set's list show: the model, then late dropout, ..., the cadence
+    assert names[names.index("attention_init") + 1:][:3] == ["inner_dropout_from", "vocab_size", "direction"]
+    assert names[-1] == "snapshot_minutes" and names.index("lr_factor") < names.index("epochs") < names.index("seed")
+    for name in PRESETS:
+        config = TrainConfig.from_preset(name)
+        stored = json.loads(json.dumps(config.to_dict()))  # as a checkpoint or a record keeps it
+        assert list(stored) == names and TrainConfig.from_dict(stored) == config
+
+
+@pytest.mark.parametrize("values, match", [
+    ({"max_tokens": 2000.5}, r"max_tokens=2000\.5 must be an integer"),
+    ({"epochs": 2.7}, r"epochs=2\.7 must be an integer"),
+    ({"epochs": 2.0}, r"epochs=2\.0 must be an integer"),
+    ({"epochs": None}, r"epochs=None must be an integer; 1000, its default, is no limit in data"),
+    ({"warmup": True}, r"warmup=True must be an integer"),
+    ({"d_model": 256.0}, r"d_model=256\.0 must be an integer"),
+    ({"max_steps": "10"}, r"max_steps='10' must be an integer"),
+    ({"betas": 0.9}, r"betas=0\.9 must be two numbers"),
+    ({"betas": (0.9,)}, r"betas=\(0\.9,\) must be two numbers"),
+    ({"betas": "0.9,0.98"}, r"betas='0\.9,0\.98' must be two numbers"),
+    ({"betas": (0.9, "0.98")}, r"betas=.* must be two numbers"),
+    ({"max_minutes": "30"}, r"max_minutes='30' must be a number"),
+    ({"dropout": True}, r"dropout=True must be a number"),
+    ({"compile": "yes"}, r"compile='yes' must be True or False"),
+    ({"norm_first": 1}, r"norm_first=1 must be True or False"),
+])
+def test_a_value_not_of_its_fields_type_is_refused_naming_the_field(values, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**values)
+
+
+def test_the_type_check_takes_numbers_of_any_type_and_keeps_plain_ones():
+    import numpy as np
+
+    config = TrainConfig(epochs=np.int64(3), max_minutes=5, betas=[0.9, np.float32(0.98)], max_steps=None,
+                         clip_grad_norm=np.float32(0.5))
+    assert config.epochs == 3 and type(config.epochs) is int  # numpy's integer made an int (JSON takes it)
+    assert config.betas == (0.9, pytest.approx(0.98)) and all(type(b) is float for b in config.betas)
+    assert config.max_minutes == 5 and config.max_steps is None
+    assert config.clip_grad_norm == 0.5 and type(config.clip_grad_norm) is float
+    json.dumps(config.to_dict())
+    # the command line refuses the same values, by its field's type
+    with pytest.raises(ValueError, match="epochs='2.7': expected int"):
+        parse_overrides(["epochs=2.7"])
+
+
 def test_training_attention_kernel_gives_the_same_loss_and_gradients():
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(vocab_size=40, d_model=32, n_heads=4, n_encoder_layers=1,

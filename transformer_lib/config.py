@@ -10,6 +10,7 @@ __all__ = ['NOT_CHOSEN', 'ModelSettings', 'RENAMED', 'CORPUS_FIELDS', 'PRESETS',
 import difflib
 import functools
 import math
+import numbers
 import os
 import typing
 import warnings
@@ -22,8 +23,8 @@ from .recipe import cooldown_factor
 from .tokenizer import N_BASE
 
 # %% ../book/eng_configuration.ipynb #b707eb05
-# Fixed by the tokenizer, or (max_len: the model's positions) by the library; a run chooses the
-# other fields.
+# Not chosen with the model: the tokenizer's special ids, the model's positions (max_len, fixed by
+# the library) and vocab_size, a field of the data's group, which the tokenizer is trained to.
 NOT_CHOSEN = ("vocab_size", "max_len", "pad_id", "bos_id", "eos_id")
 
 ModelSettings = make_dataclass(
@@ -39,6 +40,93 @@ ModelSettings = make_dataclass(
 )
 ModelSettings.__module__ = __name__
 
+# %% ../book/eng_configuration.ipynb #cfg1drp1
+@dataclass
+class _LateDropout:
+    """The schedule of the inner dropout rates: late dropout."""
+
+    # the fraction of the budget before which the attention and feed-forward rates are 0
+    inner_dropout_from: float = 0.0
+
+# %% ../book/eng_configuration.ipynb #cfg1dat1
+@dataclass
+class _Data:
+    """The data a run trains on, and how it is cut into batches."""
+
+    vocab_size: int = 8000  # asked of the joint BPE tokenizer, multi30k_tokenizer(vocab_size)
+    direction: str = "de-en"  # source-target languages: "de-en" or "en-de"
+    train_subset: int | None = None  # train on the first N pairs only
+    # drop training pairs with a side longer than this many tokens (was: max_len)
+    max_sentence_len: int = 100
+    # padded tokens per batch, on each side (Sec 5.1); per process and micro-batch
+    max_tokens: int = 4000
+    # batches in a few fixed shapes, pairs grouped by length rounded up to this
+    length_bucket: int | None = None
+    accum_steps: int = 1  # micro-batches whose gradients add up to one optimiser step
+    # your own parallel corpus instead of Multi30k (all four files or none): UTF-8, one sentence a
+    # line
+    train_src: str | None = None
+    train_tgt: str | None = None
+    val_src: str | None = None
+    val_tgt: str | None = None
+    corpus_sha256: dict[str, str] | None = None  # filled in by train: each corpus file's SHA-256
+
+# %% ../book/eng_configuration.ipynb #cfg1opt1
+@dataclass
+class _Optimisation:
+    """Adam, the learning rate's schedule and the loss's regularisers (Sec 5.3, 5.4)."""
+
+    lr_factor: float = 1.0  # times Eq. 3's rate
+    warmup: int = 800  # Eq. 3's warm-up steps
+    # the last fraction of the budget, over which the rate falls linearly to 0 (0: Eq. 3 only)
+    cooldown: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_grad_norm: float | None = 1.0
+
+# %% ../book/eng_configuration.ipynb #cfg1len1
+@dataclass
+class _Length:
+    """The budget, whichever of its limits comes first, and the averaging that ends it."""
+
+    epochs: int = 1000  # passes over the training pairs (1000: no limit in data)
+    max_steps: int | None = None  # optimiser steps
+    max_minutes: float | None = 60.0  # training time, across resumes
+    # average the weights of the last k validation points at the end (1: no averaging)
+    average_last: int = 5
+
+# %% ../book/eng_configuration.ipynb #cfg1mch1
+@dataclass
+class _Machinery:
+    """Where and how a run computes, and what it logs."""
+
+    preset: str | None = None  # the preset the run was started from (from_preset records it)
+    seed: int = 0
+    device: str = "auto"  # "auto": CUDA when present, else an Apple GPU (mps), else the CPU
+    amp: str = "auto"  # "auto" (what the hardware computes natively), "off", "bf16" or "fp16"
+    compile: bool = False  # torch.compile the loss computation
+    threads: int | None = None  # torch.set_num_threads for the run (None: PyTorch's default)
+    log_every: int = 50  # steps between metrics records
+
+# %% ../book/eng_configuration.ipynb #cfg1cad1
+@dataclass
+class _Cadence:
+    """When a run writes last.pt, validates and keeps weights: by steps, minutes or data."""
+
+    # also checkpoint every this many steps (None: not by steps)
+    checkpoint_every: int | None = None
+    # also checkpoint when this many minutes passed since the last one
+    checkpoint_minutes: float | None = 10.0
+    # validation points (validate, keep the weights for averaging): every eval_epochs of data,
+    # eval_minutes or eval_every steps if set, else at each epoch's end, which then also writes
+    # last.pt
+    eval_epochs: float | None = None
+    eval_minutes: float | None = None
+    eval_every: int | None = None
+    # keep the weights every this many minutes (a learning curve's points)
+    snapshot_minutes: float | None = None
 
 # %% ../book/eng_configuration.ipynb #00c2ad46
 # fields renamed since an earlier version: old name -> new name
@@ -80,71 +168,16 @@ def _accepts_old_names(cls: type) -> type:
 # %% ../book/eng_configuration.ipynb #f786d9cf
 @_accepts_old_names  # the cell before: the old names of renamed fields
 @dataclass
-class TrainConfig(ModelSettings):
-    """Everything that defines a training run: the model's fields (ModelSettings), then the data,
-    the optimisation, the length of the run and the machinery; PRESETS holds tuned values,
-    TrainConfig.from_preset applies one."""
-
-    # the fraction of the budget before which the inner rates are 0 (late dropout)
-    inner_dropout_from: float = 0.0
-    # the data
-    vocab_size: int = 8000  # of the joint BPE tokenizer, multi30k_tokenizer(vocab_size)
-    direction: str = "de-en"  # source-target languages: "de-en" or "en-de"
-    train_subset: int | None = None  # train on the first N pairs only
-    # drop training pairs with a side longer than this many tokens (was: max_len)
-    max_sentence_len: int = 100
-    # padded tokens per batch, on each side (Sec 5.1); per process and micro-batch
-    max_tokens: int = 4000
-    # batches in a few fixed shapes, pairs grouped by length rounded up to this
-    length_bucket: int | None = None
-    accum_steps: int = 1  # micro-batches whose gradients add up to one optimiser step
-    # your own parallel corpus instead of Multi30k (all four files or none): UTF-8, one sentence a
-    # line
-    train_src: str | None = None
-    train_tgt: str | None = None
-    val_src: str | None = None
-    val_tgt: str | None = None
-    corpus_sha256: dict[str, str] | None = None  # filled in by train: each corpus file's SHA-256
-    # the optimisation (Sec 5.3, 5.4)
-    lr_factor: float = 1.0
-    warmup: int = 800
-    # the last fraction of the budget, over which the rate falls linearly to 0 (0: Eq. 3 only)
-    cooldown: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_grad_norm: float | None = 1.0
-    # the length of the run: whichever limit comes first (epochs: the data seen; max_minutes: the
-    # clock)
-    epochs: int = 1000
-    max_steps: int | None = None
-    max_minutes: float | None = 60.0
-    # average the weights of the last k validation points at the end (1: no averaging)
-    average_last: int = 5
-    # the machinery
-    preset: str | None = None  # the preset the run was started from (from_preset records it)
-    seed: int = 0
-    device: str = "auto"  # "auto": CUDA when present, else the CPU
-    amp: str = "auto"  # "auto" (what the hardware computes natively), "off", "bf16" or "fp16"
-    compile: bool = False  # torch.compile the loss computation
-    threads: int | None = None  # torch.set_num_threads for the run (None: PyTorch's default)
-    log_every: int = 50  # steps between metrics records
-    # also checkpoint every this many steps (None: not by steps)
-    checkpoint_every: int | None = None
-    # also checkpoint when this many minutes passed since the last one
-    checkpoint_minutes: float | None = 10.0
-    # validation points (validate, keep the weights for averaging): every eval_epochs of data,
-    # eval_minutes or
-    # eval_every steps if set, else at each epoch's end, which then also writes last.pt
-    eval_epochs: float | None = None
-    eval_minutes: float | None = None
-    eval_every: int | None = None
-    # keep the weights every this many minutes (a learning curve's points)
-    snapshot_minutes: float | None = None
+class TrainConfig(  # a dataclass takes its bases' fields from the last base to the first
+    _Cadence, _Machinery, _Length, _Optimisation, _Data, _LateDropout, ModelSettings
+):
+    """Everything that defines a training run: the model's fields (ModelSettings), late dropout,
+    the data, the optimisation, the length of the run, the machinery and the cadence; PRESETS
+    holds tuned values, TrainConfig.from_preset applies one."""
 
     def __post_init__(self) -> None:
-        # the next cell: each field in its range, or a ValueError that names it
+        # the cell after the next: each field of its type and in its range, or a ValueError
+        # that names it
         _check_train_config(self)
 
     @property
@@ -197,23 +230,55 @@ class TrainConfig(ModelSettings):
         return cls.from_dict({**PRESETS[name], "preset": name, **renamed_fields(overrides)})
 
 # %% ../book/eng_configuration.ipynb #e0491563
+def _is_number(value: Any) -> bool:
+    """Whether value is a number of any type that converts to a float (numpy's float32 is no
+    float, nor a tensor), and not a bool or a str."""
+    return not isinstance(value, (str, bool)) and hasattr(value, "__float__")
+
+
+def _check_types(config: TrainConfig) -> None:
+    """ValueError, naming the field, for a value not of its field's type: an integer where the
+    field counts, a number, True or False; numbers of other types (numpy's) made ints and floats,
+    betas a tuple of two floats."""
+    try:
+        betas = tuple(config.betas)
+    except TypeError:  # not a sequence: one number, say
+        betas = ()
+    if len(betas) != 2 or not all(_is_number(b) for b in betas):
+        raise ValueError(f"betas={config.betas!r} must be two numbers in [0, 1)")
+    config.betas = tuple(float(b) for b in betas)
+    hints = typing.get_type_hints(type(config))
+    for f in fields(config):
+        value, kinds = getattr(config, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
+        if f.name == "betas" or (value is None and type(None) in kinds):
+            continue
+        if int in kinds:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                hint = "; 1000, its default, is no limit in data" if f.name == "epochs" else ""
+                raise ValueError(f"{f.name}={value!r} must be an integer{hint}")
+            setattr(config, f.name, int(value))
+        elif float in kinds:
+            if not _is_number(value):
+                raise ValueError(f"{f.name}={value!r} must be a number")
+            if type(value) not in (int, float):  # numpy's or torch's: a float, which JSON takes
+                setattr(config, f.name, float(value))
+        elif bool in kinds and not isinstance(value, bool):
+            raise ValueError(f"{f.name}={value!r} must be True or False")
+
+
 def _check_train_config(config: TrainConfig) -> None:
-    """ValueError, naming the field, for a value out of its range; the corpus fields as plain
-    strings."""
-    config.betas = tuple(float(b) for b in config.betas)
+    """ValueError, naming the field, for a value not of its type or out of its range; the corpus
+    fields as plain strings."""
     _check_corpus_fields(config)
-    numbers = [(f.name, getattr(config, f.name)) for f in fields(config)] + [
+    _check_types(config)
+    values = [(f.name, getattr(config, f.name)) for f in fields(config)] + [
         ("betas", b) for b in config.betas
     ]
-    for name, value in numbers:
+    for name, value in values:
         # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check
-        # below. Any
-        # number type (numpy's float32 is no float), so whatever converts to a float is checked.
-        if (
-            not isinstance(value, (str, bool))
-            and hasattr(value, "__float__")
-            and not math.isfinite(float(value))
-        ):
+        # below. Any number type (numpy's float32 is no float), so whatever converts to a float is
+        # checked.
+        if _is_number(value) and not math.isfinite(float(value)):
             raise ValueError(f"{name}={value} must be a finite number")
     # TransformerConfig checks the model's fields, naming the one wrong
     config.model_config(config.vocab_size)
@@ -269,7 +334,7 @@ def _check_train_config(config: TrainConfig) -> None:
         if not 0.0 <= getattr(config, name) < 1.0:
             raise ValueError(f"{name}={getattr(config, name)} must be in [0, 1)")
     cooldown_factor(0.0, config.cooldown)  # validates cooldown
-    if len(config.betas) != 2 or not all(0.0 <= b < 1.0 for b in config.betas):
+    if not all(0.0 <= b < 1.0 for b in config.betas):
         raise ValueError(f"betas={config.betas} must be two numbers in [0, 1)")
     choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
     for name, allowed in choices.items():
@@ -277,7 +342,6 @@ def _check_train_config(config: TrainConfig) -> None:
             raise ValueError(
                 f"{name}={getattr(config, name)!r} must be one of {', '.join(allowed)}"
             )
-
 
 # %% ../book/eng_configuration.ipynb #9e423251
 CORPUS_FIELDS = ("train_src", "train_tgt", "val_src", "val_tgt")
@@ -358,7 +422,7 @@ def _parse_value(name: str, text: str, kind: Any) -> Any:
         )
         raise ValueError(f"{name}={text!r}: expected {expected}") from None
 
-
+# %% ../book/eng_configuration.ipynb #cfg1prs1
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """Typed TrainConfig overrides from "key=value" strings, e.g. ["max_minutes=30", "amp=off",
     "max_steps=none"]."""
@@ -376,4 +440,3 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             )
         out[name] = _parse_value(name, text.strip(), hints[RENAMED.get(name, name)])
     return renamed_fields(out)  # an old name typed: a FutureWarning, and the new name
-
