@@ -13,7 +13,7 @@ import pytest
 from transformer_lib.data import DataError
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
 from transformer_lib.config import TrainConfig
-from transformer_lib.corpus import read_corpus, read_parallel
+from transformer_lib.corpus import corpus_tokenizer, read_corpus, read_parallel
 from transformer_lib.training_run import resumed_config, train
 
 SMALL = dict(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.1, vocab_size=300,
@@ -166,6 +166,23 @@ def test_moved_files_resume_when_named_again(corpus, tmp_path):
                  progress=False)
     assert more.history[-1]["step"] == 5
     assert load_checkpoint(tmp_path / "run" / "last.pt")["train_config"]["train_src"] == moved["train_src"]
+
+
+def test_one_tokenizer_for_both_orders(corpus, tmp_path, monkeypatch):
+    """The joint tokenizer does not depend on which file is the source, so both orders share one cache entry."""
+    turned = dict(train_src=corpus["train_tgt"], train_tgt=corpus["train_src"], val_src=corpus["val_tgt"],
+                  val_tgt=corpus["val_src"])
+    made = {}
+    for name, paths in (("as they are", corpus), ("turned around", turned)):
+        monkeypatch.setenv("TRANSFORMER_LIB_CACHE", str(tmp_path / name))  # each trains its own
+        pairs, _, sums = read_corpus(TrainConfig(**paths))
+        made[name] = corpus_tokenizer(pairs, 300, sums)
+    assert made["as they are"].to_dict() == made["turned around"].to_dict()
+    monkeypatch.setenv("TRANSFORMER_LIB_CACHE", str(tmp_path / "both"))
+    for paths in (corpus, turned):
+        pairs, _, sums = read_corpus(TrainConfig(**paths))
+        assert corpus_tokenizer(pairs, 300, sums).to_dict() == made["as they are"].to_dict()
+    assert len(list((tmp_path / "both" / "tokenizers").iterdir())) == 1  # one file for both orders
 
 
 def test_command_line(corpus, tmp_path):

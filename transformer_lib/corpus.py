@@ -45,7 +45,9 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str,
     return _read_pair(src_path, tgt_path)[0]
 
 # %% ../book/eng_corpus.ipynb #cor10006
-def read_corpus(config: TrainConfig) -> tuple[list, list, dict[str, str]] | None:
+def read_corpus(
+    config: TrainConfig,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[str, str]] | None:
     """(training pairs, validation pairs, SHA-256 of each file's bytes as read) of config's corpus
     files; None for Multi30k. DataError for a broken file, and for files whose checksums differ
     from config.corpus_sha256 (a plain resume's)."""
@@ -71,9 +73,10 @@ def read_corpus(config: TrainConfig) -> tuple[list, list, dict[str, str]] | None
 def corpus_tokenizer(pairs: Sequence[tuple[str, str]], vocab_size: int,
                      checksums: dict[str, str]) -> BPETokenizer:
     """The joint BPE tokenizer of a corpus's training pairs, cached under cache_dir() by its
-    training files' checksums; pairs and checksums must belong together (one read_corpus's), since
-    the cache trusts the checksums to describe the pairs."""
-    both = checksums["train_src"] + checksums["train_tgt"]
+    training files' checksums, in either order; pairs and checksums must belong together (one
+    read_corpus's), since the cache trusts the checksums to describe the pairs."""
+    # a joint tokenizer does not depend on which file is the source: one key for both orders
+    both = "".join(sorted((checksums["train_src"], checksums["train_tgt"])))
     key = hashlib.sha256(both.encode()).hexdigest()[:16]
     path = cache_dir() / "tokenizers" / f"corpus-{key}-bpe{vocab_size}-v{_FORMAT_VERSION}.json"
     return cached_tokenizer(path, lambda: pairs, vocab_size)
