@@ -3,15 +3,20 @@ today's library, in the page's `COMMANDS`. Parsed by the command line's own pars
 (`transformer_lib.cli.build_parser`, `parse_overrides`, `TrainConfig.from_preset`), each command must
 build, field by field, the configuration its record stores, so a command that drifts from its run, or
 a preset that changes under its records, fails here. The records are read by the page's own
-`settings`, so the page and the test read them alike."""
+`settings`, so the page and the test read them alike; it also supplies what no record stores (the
+draw of attention, the epochs and the validation points by epochs), which are compared too. A peer's
+command runs its script's own main() up to the call of train()."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -70,6 +75,37 @@ def page_settings() -> Callable[[dict], dict[str, Any]]:
 recorded = page_settings()  # the settings a record trained with, by today's field names
 
 
+class _Handed(Exception):
+    """Raised by the stand-in for train(): the script got as far as training."""
+
+
+def peer_config(argv: list[str]) -> tuple[dict[str, Any], str]:
+    """The TrainConfig (as plain values) that benchmarks/peer_same_recipe.py hands train() for
+    these options, and its --layers: the script's own main() runs, with its own parser (an option
+    missing or unknown fails here as it fails the command) and its own mapping of the options onto
+    the preset, up to the call of train(), which a stand-in catches."""
+    spec = importlib.util.spec_from_file_location("peer_same_recipe_under_test",
+                                                  ROOT / "benchmarks" / "peer_same_recipe.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    handed: dict[str, Any] = {}
+
+    def train(config: TrainConfig, out: Path, **kwargs: Any) -> None:
+        handed.update(config=config, out=out)
+        raise _Handed
+
+    script.train = train
+    with mock.patch.object(sys, "argv", ["peer_same_recipe.py", *argv]):
+        try:
+            script.main()
+        except SystemExit as refused:  # argparse's error: the command fails as printed
+            raise AssertionError(f"peer_same_recipe.py refuses {shlex.join(argv)}") from refused
+        except _Handed:
+            pass
+    layers = argv[argv.index("--layers") + 1] if "--layers" in argv else "torch"
+    return handed["config"].to_dict(), layers
+
+
 def built(command: str) -> dict[str, Any] | None:
     """The TrainConfig a command builds (as plain values); None for a peer outside TrainConfig."""
     words = shlex.split(command)
@@ -77,14 +113,9 @@ def built(command: str) -> dict[str, Any] | None:
         args = build_parser().parse_args(words[1:])
         return TrainConfig.from_preset(args.preset, **parse_overrides(args.overrides)).to_dict()
     if words[:2] == ["python", "benchmarks/peer_same_recipe.py"]:
-        # the script's own mapping of its options onto the preset (its main())
-        opts = dict(zip(words[2::2], words[3::2]))
-        overrides: dict[str, Any] = {"max_minutes": float(opts.get("--minutes", 30)),
-                                     "threads": int(opts["--threads"]) if "--threads" in opts else None}
-        if "--steps" in opts:
-            overrides.update(max_minutes=None, max_steps=int(opts["--steps"]))
-        config = TrainConfig.from_preset(opts.get("--preset", "cpu"), **overrides).to_dict()
-        config["attention_init"] = "packed" if opts["--layers"] == "ours-torch-init" else "xavier"
+        config, layers = peer_config(words[2:])
+        if layers == "torch":  # PyTorch's layers draw their own weights: the record's draw is moot
+            config["attention_init"] = "xavier"
         return config
     if words[:2] == ["python", "benchmarks/peer_nn_transformer.py"]:
         return None
@@ -126,6 +157,26 @@ def test_each_setting_of_a_command_is_needed(name):
     for i in [i for i, w in enumerate(words) if w == "--set"]:
         shorter = shlex.join(words[:i] + words[i + 2:])
         assert disagreements(RECORDS[name], shorter), (name, words[i + 1])
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(COMMANDS) if "peer_same_recipe.py" in COMMANDS[n]])
+def test_a_peer_command_without_its_run_folder_fails(name):
+    """The peer's script needs --out (a run folder) unless --quick: a command without it fails."""
+    words = shlex.split(COMMANDS[name])
+    assert "--out" in words, COMMANDS[name]
+    at = words.index("--out")
+    with pytest.raises(AssertionError, match="refuses"):
+        built(shlex.join(words[:at] + words[at + 2:]))
+
+
+def test_the_gpu_runs_before_the_budget_in_data_are_read_at_1000_epochs():
+    """No record stores epochs: the page's settings() supplies them, so the H200 runs, made before
+    the gpu preset took 30 epochs, are checked at the 1,000 (no limit) they ran, the H100's at 30."""
+    assert recorded(RECORDS["earlier/gpu_post_norm_6min"])["epochs"] == 1000
+    assert recorded(RECORDS["gpu/h100_2026-11-27/gpu"])["epochs"] == 30
+    wrong = COMMANDS["earlier/gpu_post_norm_6min"].replace(" --set epochs=1000", "")
+    assert "epochs: the record 1000, the command 30" in disagreements(
+        RECORDS["earlier/gpu_post_norm_6min"], wrong)
 
 
 def test_a_wrong_command_is_caught():
