@@ -148,3 +148,16 @@ def test_start_records_the_start_up():
     c.start()
     assert 2.0 <= c.overhead["start_up"] < 3.0
     assert c.minutes() < 0.01  # the start-up is not training time
+
+
+def test_minutes_before_start_are_the_restored_seconds_alone():
+    # Trainer.begin takes its first decision before start(): the time since the clock was built (a restore's
+    # loading included) is start-up, not training, so neither the minutes nor the budget spent may grow with it
+    c = clock(max_minutes=60.0)
+    c.elapsed = 30 * 60.0  # what a resume restores
+    time.sleep(0.05)
+    assert c.started is None and c.minutes() == 30.0
+    assert c.budget_spent(epochs_seen=0.0, step=0) == 0.5
+    c.start()
+    time.sleep(0.01)
+    assert 30.0 < c.minutes() < 30.05

@@ -33,8 +33,9 @@ class RunClock:
 
     def __init__(self, config: TrainConfig, t0: float | None = None) -> None:
         self.config = config
-        self.elapsed = 0.0  # training seconds of the run's earlier starts (restored on a resume)
-        self.started = self.last_save = time.perf_counter()
+        self.elapsed = 0.0  # training seconds of the run up to its last last.pt (set on a resume)
+        self.started: float | None = None  # when start() began this process's count
+        self.last_save = time.perf_counter()
         self.last_point = 0.0  # training minutes at the last validation point
         # seconds this process spent outside training steps, measured from t0 (train()'s start)
         self.t0 = time.perf_counter() if t0 is None else t0
@@ -49,8 +50,9 @@ class RunClock:
 # %% ../book/eng_clock.ipynb #c1c0c0b6
 @patch_to(RunClock)
 def minutes(self) -> float:
-    """Training minutes so far, across resumes."""
-    return (self.elapsed + time.perf_counter() - self.started) / 60
+    """Training minutes so far, across resumes (before start, the earlier starts' alone)."""
+    now = 0.0 if self.started is None else time.perf_counter() - self.started
+    return (self.elapsed + now) / 60
 
 
 @patch_to(RunClock)
@@ -60,7 +62,7 @@ def out_of_budget(self, step: int) -> bool:
     return ((c.max_steps is not None and step >= c.max_steps)
             or (c.max_minutes is not None and self.minutes() >= c.max_minutes))
 
-
+# %% ../book/eng_clock.ipynb #c1c0c0d4
 @patch_to(RunClock)
 def budget_spent(self, epochs_seen: float, step: int) -> float:
     """The fraction of the budget spent: the largest of the epochs', steps' and minutes' so far."""
