@@ -1,5 +1,6 @@
 """Settings this machine's PyTorch cannot run are refused before any work starts, with a clear message."""
 import contextlib
+import types
 import warnings
 
 import pytest
@@ -224,7 +225,7 @@ GiB = 2**30
 
 
 @pytest.mark.parametrize("capability, memory, expected", [
-    ((8, 6), 8 * GiB, "colab"),        # an 8 GiB RTX card: the gpu preset's 9.9 GiB estimate does not fit
+    ((8, 6), 8 * GiB, "colab"),        # an 8 GiB RTX card: the gpu preset's 11.1 GiB estimate does not fit
     ((8, 6), 11.7 * GiB, "colab"),     # a 12 GB card as CUDA reports it: under 14 GiB
     ((8, 9), 16 * GiB, "gpu"),         # a 16 GB card
     ((8, 0), 40 * GiB, "gpu"),         # an A100
@@ -232,11 +233,59 @@ GiB = 2**30
 ])
 def test_the_gpu_preset_needs_the_memory_its_estimate_asks(monkeypatch, capability, memory, expected):
     """machine_preset gives the gpu preset only to a bfloat16 GPU with at least 14 GiB (eng_devices: the
-    preset's estimated 9.9 GiB plus headroom); a smaller card trains the colab preset."""
+    preset's estimated 11.1 GiB plus headroom); a smaller card trains the colab preset."""
     monkeypatch.setattr(runtime, "mps_available", lambda: False)
     _one_gpu(monkeypatch, capability=capability, memory=int(memory))
     assert runtime.machine_preset() == expected
     assert runtime.GPU_PRESET_MEMORY == 14 * GiB
+
+
+def _glibc_with(monkeypatch, mallopt):
+    """A Linux with glibc whose mallopt is `mallopt`, whatever this machine runs."""
+    monkeypatch.setattr(runtime.sys, "platform", "linux")
+    monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("glibc", "2.17"))
+    monkeypatch.setattr(runtime.ctypes, "CDLL", lambda name: types.SimpleNamespace(mallopt=mallopt))
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, MiB = -1, -3, 2**20
+
+
+def test_keep_freed_memory_sets_both_thresholds_where_glibc_accepts_them(monkeypatch):
+    calls = []
+    _glibc_with(monkeypatch, lambda param, value: calls.append((param, value)) or 1)
+    assert runtime.keep_freed_memory() is True
+    assert calls == [(M_MMAP_THRESHOLD, 1024 * MiB), (M_TRIM_THRESHOLD, 1024 * MiB)]
+
+
+def test_keep_freed_memory_falls_back_to_32_mib_where_an_older_glibc_refuses_more(monkeypatch):
+    """An older glibc's mallopt answers 0 for an mmap threshold above HEAP_MAX_SIZE / 2, 32 MiB on 64 bits."""
+    calls = []
+
+    def older_glibc(param, value):
+        calls.append((param, value))
+        return 0 if param == M_MMAP_THRESHOLD and value > 32 * MiB else 1
+
+    _glibc_with(monkeypatch, older_glibc)
+    assert runtime.keep_freed_memory() is True
+    assert calls == [(M_MMAP_THRESHOLD, 1024 * MiB), (M_MMAP_THRESHOLD, 32 * MiB), (M_TRIM_THRESHOLD, 1024 * MiB)]
+
+
+def test_keep_freed_memory_changes_nothing_where_glibc_refuses_every_mmap_threshold(monkeypatch):
+    calls = []
+    _glibc_with(monkeypatch, lambda param, value: calls.append((param, value)) or 0)
+    assert runtime.keep_freed_memory() is False
+    assert all(param == M_MMAP_THRESHOLD for param, _ in calls)  # the trim threshold left as it was
+    calls.clear()
+    assert runtime.keep_freed_memory(16 * MiB) is False and calls == [(M_MMAP_THRESHOLD, 16 * MiB)]
+
+
+def test_keep_freed_memory_is_false_without_glibc(monkeypatch):
+    monkeypatch.setattr(runtime.ctypes, "CDLL", lambda name: pytest.fail("mallopt called without glibc"))
+    monkeypatch.setattr(runtime.sys, "platform", "darwin")
+    assert runtime.keep_freed_memory() is False
+    monkeypatch.setattr(runtime.sys, "platform", "linux")
+    monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("", ""))  # musl, say
+    assert runtime.keep_freed_memory() is False
 
 
 def test_an_apple_gpu_trains_the_cpu_preset(monkeypatch):

@@ -13,6 +13,7 @@ import platform
 import random
 import sys
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -114,10 +115,11 @@ GPU_PRESET_MEMORY = 14 * 2**30  # bytes a GPU needs for the gpu preset (machine_
 
 
 def machine_preset(device: str = "auto") -> str:
-    """The preset that fits this machine: "gpu" on a CUDA GPU that computes bfloat16 and has at
-    least GPU_PRESET_MEMORY (14 GiB: the gpu preset's estimated 9.9 GiB on its devices page, plus
-    the CUDA context, fragmentation and the estimate's error), "colab" on a smaller or older one
-    (Colab's free T4), "cpu" elsewhere (an Apple GPU included)."""
+    """The preset that fits this machine: "gpu" on a CUDA GPU that computes bfloat16 (a stand-in
+    for fast enough) and has at least GPU_PRESET_MEMORY (14 GiB: the gpu preset's estimated
+    11.1 GiB on its devices page, plus the CUDA context, fragmentation and the estimate's
+    error), "colab" on a smaller or older one (Colab's free T4, a V100), "cpu" elsewhere (an
+    Apple GPU included)."""
     dev = resolve_device(device)
     if dev.type != "cuda":
         return "cpu"
@@ -164,10 +166,12 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContext
 
 
 def training_attention(device: torch.device) -> AbstractContextManager:
-    """The attention kernels for training steps: on the CPU only the math kernel, chosen for a
-    faster backward pass than the flash kernel's on short sentences (benchmarks/dropout_speed.py
-    times both; results/benchmarks/dropout_speed_quick.json does not bear it out). It matters only
-    without dropout on the attention weights, which rules the flash kernel out anyway."""
+    """The attention kernels for training steps: on the CPU only the math kernel. It was chosen for
+    a faster backward than the flash kernel's, a measurement not on record; the one record
+    (results/benchmarks/dropout_speed_quick.json: 10 steps, float32, one thread) is not in the
+    cpu preset's conditions and does not settle it. Kept because every recorded CPU run trained
+    with it, until a benchmark in the preset's conditions (bfloat16, its threads) shows flash
+    faster. It matters only without dropout on the attention weights, which rules flash out."""
     return sdpa_kernel([SDPBackend.MATH]) if device.type == "cpu" else nullcontext()
 
 # %% ../book/eng_devices.ipynb #273ab193
@@ -199,11 +203,19 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 # %% ../book/eng_devices.ipynb #000bef73
 def keep_freed_memory(limit: int = 1 << 30) -> bool:
     """Let glibc's malloc keep up to `limit` bytes of freed memory for reuse, instead of handing
-    large blocks back to the system at every free; True if set (Linux with glibc), False elsewhere,
-    where nothing changes."""
+    large blocks back to the system at every free; True if set (Linux with glibc: blocks up to
+    32 MiB where an older glibc refuses more), False where glibc refuses and elsewhere, where
+    nothing changes."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
-    # mallopt's parameter numbers, from glibc's malloc.h
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
-    return bool(mallopt(M_MMAP_THRESHOLD, limit)) and bool(mallopt(M_TRIM_THRESHOLD, limit))
+    return _raise_thresholds(ctypes.CDLL(None).mallopt, limit)  # the interpreter's C library
+
+
+def _raise_thresholds(mallopt: Callable[[int, int], int], limit: int) -> bool:
+    """Set glibc's mmap and trim thresholds to `limit` with `mallopt` (1: set, 0: refused); the mmap
+    threshold at 32 MiB where glibc refuses `limit`. True if both are set."""
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers, from malloc.h
+    OLDER_GLIBC_MMAP_MAX = 32 << 20  # an older glibc's HEAP_MAX_SIZE / 2 on a 64-bit machine
+    mmap_set = mallopt(M_MMAP_THRESHOLD, limit) == 1 or (
+        limit > OLDER_GLIBC_MMAP_MAX and mallopt(M_MMAP_THRESHOLD, OLDER_GLIBC_MMAP_MAX) == 1)
+    return mmap_set and mallopt(M_TRIM_THRESHOLD, limit) == 1
