@@ -12,6 +12,7 @@ import pytest
 
 from transformer_lib.data import DataError
 from transformer_lib.checkpoints import CheckpointError, load_checkpoint
+from transformer_lib.cli import EXIT_INPUT, main
 from transformer_lib.config import TrainConfig
 from transformer_lib.corpus import corpus_tokenizer, read_corpus, read_parallel
 from transformer_lib.training_run import resumed_config, train
@@ -77,10 +78,18 @@ def test_trains_on_the_files_and_records_them(corpus, tmp_path):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda p: p["train_tgt"].write_text("one\ntwo\n", encoding="utf-8"), r"train\.src has 300 lines but .*train\.tgt has 2"),
-    (lambda p: p["val_src"].write_bytes(b""), r"val\.src is empty"),
-    (lambda p: p["val_tgt"].write_text("\n\n", encoding="utf-8"), r"val\.tgt is empty"),
+    (lambda p: p["val_src"].write_bytes(b""), r"val\.src holds no sentence \(it is empty, or blank lines only\)"),
+    (lambda p: p["val_tgt"].write_bytes(b"\n\n"), r"val\.tgt holds no sentence"),
+    # as many lines as its partner, so the line counts agree: the case the rule is for
+    (lambda p: p["val_tgt"].write_bytes(b"\n" * 20), r"val\.tgt holds no sentence"),
+    # two empty files, and two of blank lines only: the counts agree, and the rule names the first
+    (lambda p: [p[k].write_bytes(b"") for k in ("train_src", "train_tgt")], r"train\.src holds no sentence"),
+    (lambda p: [p[k].write_bytes(b"\n" * 300) for k in ("train_src", "train_tgt")],
+     r"train\.src holds no sentence"),
     (lambda p: p["train_src"].write_bytes(b"gut\nauch gut\nnicht \xff gut\n"), r"train\.src: line 3 is not valid UTF-8"),
     (lambda p: p["val_src"].unlink(), r"cannot read .*val\.src"),
+    (lambda p: p["train_tgt"].write_bytes("The dog sees trees.\n".encode("utf-16")),
+     r"train\.tgt: line 1 is not valid UTF-8 \(byte 0xff\)"),  # a UTF-16 file, refused at its first line
 ])
 def test_bad_files_are_refused_before_training(tmp_path, damage, message):
     paths = write_corpus(tmp_path / "data")
@@ -94,6 +103,14 @@ def test_read_parallel_lines(tmp_path):
     (tmp_path / "a").write_bytes("\ufeffeins\r\nzwei\n".encode())
     (tmp_path / "b").write_bytes(b"one\ntwo")
     assert read_parallel(tmp_path / "a", tmp_path / "b") == [("eins", "one"), ("zwei", "two")]
+
+
+def test_a_blank_line_inside_a_file_is_kept_as_a_pair(tmp_path):
+    """Every line is a sentence: a blank one gives a pair with an empty side, and the files stay aligned."""
+    (tmp_path / "a").write_bytes("Ein Hund.\nEin Vogel.\nZwei Kinder.\n".encode())
+    (tmp_path / "b").write_bytes(b"A dog.\n\nTwo children.\n")
+    assert read_parallel(tmp_path / "a", tmp_path / "b") == [("Ein Hund.", "A dog."), ("Ein Vogel.", ""),
+                                                             ("Zwei Kinder.", "Two children.")]
 
 
 def test_all_four_files_or_none():
@@ -146,7 +163,7 @@ def test_unreadable_file_under_saved_checksums_says_to_name_the_files(tmp_path):
     sums = read_corpus(TrainConfig(**paths))[2]
     Path(paths["train_src"]).unlink()
     with pytest.raises(DataError, match=r"cannot read .*train\.src: .*name them again: --train and --val beside "
-                                        r"--resume .*passes the checksum check"):
+                                        r"--resume and the same --out .*passes the checksum check"):
         read_corpus(TrainConfig(**paths, corpus_sha256=sums))
     with pytest.raises(DataError, match=r"cannot read .*train\.src") as fresh:
         read_corpus(TrainConfig(**paths))
@@ -185,6 +202,25 @@ def test_one_tokenizer_for_both_orders(corpus, tmp_path, monkeypatch):
     assert len(list((tmp_path / "both" / "tokenizers").iterdir())) == 1  # one file for both orders
 
 
+def test_a_copied_corpus_reuses_the_cache_entry_and_an_edited_file_adds_a_second(corpus, tmp_path):
+    """The cache's key is of the training files' content, not of their paths."""
+    cached = lambda: sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
+    pairs, _, sums = read_corpus(TrainConfig(**corpus))
+    first = corpus_tokenizer(pairs, 300, sums).to_dict()
+    assert len(cached()) == 1
+    shutil.copytree(Path(corpus["train_src"]).parent, tmp_path / "copy")
+    copied = {name: str(tmp_path / "copy" / Path(path).name) for name, path in corpus.items()}
+    pairs, _, sums = read_corpus(TrainConfig(**copied))
+    assert corpus_tokenizer(pairs, 300, sums).to_dict() == first and len(cached()) == 1
+    with open(copied["train_tgt"], "ab") as f:  # one pair more in the copy
+        f.write(b"The dog sees 8 trees.\n")
+    with open(copied["train_src"], "ab") as f:
+        f.write("Der Hund sieht 8 Bäume.\n".encode())
+    pairs, _, sums = read_corpus(TrainConfig(**copied))
+    corpus_tokenizer(pairs, 300, sums)
+    assert len(cached()) == 2
+
+
 def test_command_line(corpus, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", TRANSFORMER_LIB_CACHE=str(tmp_path / "cache"))
     small = [f"{k}={v}" for k, v in SMALL.items() if k not in ("device",)]
@@ -208,7 +244,25 @@ def test_command_line(corpus, tmp_path):
     empty = subprocess.run([*base[:-2 * len(small)], "--out", str(tmp_path / "run2"), "--train", bad["train_src"],
                             bad["train_tgt"], "--val", bad["val_src"], bad["val_tgt"]], capture_output=True,
                            text=True, env=env, timeout=300)
-    assert empty.returncode == 1 and "train.tgt is empty" in empty.stderr and "Traceback" not in empty.stderr
+    assert empty.returncode == 1 and "train.tgt holds no sentence" in empty.stderr and "Traceback" not in empty.stderr
     help_text = subprocess.run([sys.executable, "-m", "transformer_lib", "train", "--help"], capture_output=True,
                                text=True, env=env).stdout
     assert "--train SRC TGT" in help_text and "--val SRC TGT" in help_text
+
+
+def test_a_plain_resume_on_changed_or_moved_files_exits_1(tmp_path, capsys):
+    """`train --resume --out RUN` takes the run's files and checksums: read_corpus refuses other files (DataError,
+    exit code 1), and for files it cannot read it says to name them again beside --resume and the same --out."""
+    paths = write_corpus(tmp_path / "data", n_train=30, n_val=4)
+    small = [a for k, v in SMALL.items() if k != "device" for a in ("--set", f"{k}={v}")]
+    run = str(tmp_path / "run")
+    files = ["--train", paths["train_src"], paths["train_tgt"], "--val", paths["val_src"], paths["val_tgt"]]
+    assert main(["train", "--preset", "tiny", "--device", "cpu", "--quiet", "--out", run, *small, *files]) == 0
+    capsys.readouterr()
+    Path(paths["train_tgt"]).write_bytes(Path(paths["train_tgt"]).read_bytes().replace(b"dog", b"hound"))
+    assert main(["train", "--resume", "--out", run, "--quiet"]) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert f"error: {paths['train_tgt']}: not the files this run trained on" in err and "Traceback" not in err
+    Path(paths["train_tgt"]).unlink()
+    assert main(["train", "--resume", "--out", run, "--quiet"]) == EXIT_INPUT
+    assert "beside --resume and the same --out" in capsys.readouterr().err

@@ -255,6 +255,21 @@ def test_learning_curve_scores_each_snapshot_then_the_final_model(translator, tm
     assert [s for s, _ in seen] == pytest.approx(sums) and {n for _, n in seen} == {1014}  # all of val
 
 
+def test_a_corpus_run_is_not_scored_on_multi30k(translator, tmp_path, monkeypatch):
+    """evaluate_checkpoint and learning_curve score Multi30k's splits, which a corpus run's recorded de-en does not
+    describe: they refuse it before reading any split."""
+    from transformer_lib import records
+
+    files = dict(train_src="train.de", train_tgt="train.en", val_src="val.de", val_tgt="val.en")
+    checkpoint(translator, tmp_path / "model.pt", train_config=TrainConfig.from_preset("cpu", **files).to_dict())
+    monkeypatch.setattr(records, "load_multi30k", lambda *args, **kwargs: pytest.fail("read Multi30k"))
+    with pytest.raises(ValueError, match=r"model\.pt was trained on corpus files: a corpus run is scored on its own "
+                                         r"files \(evaluate --src --ref\), not on Multi30k's splits"):
+        evaluate_checkpoint(tmp_path / "model.pt", splits=("val",), device="cpu")
+    with pytest.raises(ValueError, match="was trained on corpus files: a corpus run is scored on its own files"):
+        learning_curve(tmp_path, device="cpu")
+
+
 def test_the_translator_decodes_on_the_device_of_the_model(translator):
     # Without a device argument the model is not moved: on the "meta" device (weights without storage) a move to
     # the CPU would fail, so the translator must take the device from the parameters.

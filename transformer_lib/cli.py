@@ -310,15 +310,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
             raise CommandError(f"{args.src} has {len(sources)} lines but {args.ref} has "
                                f"{len(references)}")
         name = f"{args.src} against {args.ref}"
-    else:
-        pairs = load_multi30k(args.split, args.data_dir)
-        name = f"Multi30k {args.split}"
     writable_output(args.output)
     translator = load_translator(args)
-    # Multi30k's pairs in the direction the model was trained for, as training took them
     if args.src is None:
-        pairs = directed(pairs, translator.info.get("train_config", {}).get("direction", "de-en"))
+        trained = translator.info.get("train_config", {})
+        if trained.get("train_src") is not None:  # Multi30k would score it on other text
+            raise CommandError(f"{args.checkpoint} was trained on corpus files, not on Multi30k: "
+                               "score it on files of its own, with --src and --ref", EXIT_USAGE)
+        # Multi30k's pairs in the direction the model was trained for, as training took them
+        pairs = directed(load_multi30k(args.split, args.data_dir),
+                         trained.get("direction", "de-en"))
         sources, references = [s for s, _ in pairs], [r for _, r in pairs]
+        name = f"Multi30k {args.split}"
     scores = evaluate_bleu(translator, list(zip(sources, references)), args.beam,
                            args.batch_size, not args.quiet)
     if args.output:

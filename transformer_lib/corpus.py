@@ -17,14 +17,14 @@ from .tokenizer import _FORMAT_VERSION, BPETokenizer, cached_tokenizer
 # %% ../book/eng_corpus.ipynb #cor10003
 def _read_file(path: Path, hint: str = "") -> tuple[list[str], str]:
     """The lines of one corpus file and the SHA-256 of the bytes they were decoded from; DataError,
-    naming the file, for one that cannot be read (hint added), is not UTF-8 or is empty."""
+    naming the file, for one that cannot be read (hint added), is not UTF-8 or holds no sentence."""
     try:
         data = path.read_bytes()
     except OSError as err:
         raise DataError(f"cannot read {path}: {err.strerror or err}{hint}") from None
     lines = read_lines(data, str(path), invalid="error")  # DataError naming the line
     if not any(line.strip() for line in lines):
-        raise DataError(f"{path} is empty: a corpus file holds one sentence a line")
+        raise DataError(f"{path} holds no sentence (it is empty, or blank lines only)")
     return lines, hashlib.sha256(data).hexdigest()
 
 # %% ../book/eng_corpus.ipynb #1ce19dba
@@ -40,8 +40,8 @@ def _read_pair(src_path: str | Path, tgt_path: str | Path,
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
     """(source, target) pairs from two UTF-8 files of one sentence a line; DataError, naming the
-    file (and the line), for a file that cannot be read, an empty file, invalid UTF-8 or different
-    numbers of lines."""
+    file (and the line), for a file that cannot be read, one that holds no sentence (empty, or
+    blank lines only), invalid UTF-8 or different numbers of lines."""
     return _read_pair(src_path, tgt_path)[0]
 
 # %% ../book/eng_corpus.ipynb #cor10006
@@ -54,9 +54,10 @@ def read_corpus(
     if config.train_src is None:
         return None
     # a plain resume looks for the files where the run found them
-    moved = ("; if the run's files moved, name them again: --train and --val beside --resume "
-             "(from Python, resumed_config with the four paths), which passes the checksum check "
-             "when they are the same files" if config.corpus_sha256 is not None else "")
+    moved = ("; if the run's files moved, name them again: --train and --val beside --resume and "
+             "the same --out (from Python, resumed_config with the four paths), which passes the "
+             "checksum check when they are the same files" if config.corpus_sha256 is not None
+             else "")
     train_pairs, train_sums = _read_pair(config.train_src, config.train_tgt, moved)
     val_pairs, val_sums = _read_pair(config.val_src, config.val_tgt, moved)
     checksums = dict(zip(CORPUS_FIELDS, train_sums + val_sums))

@@ -74,12 +74,16 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
                         progress: bool = False, alpha: float = 1.0,
                         keep_hypotheses: bool = False) -> dict[str, Any]:
     """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of
-    results/*.json.
+    results/*.json. ValueError for a run trained on a corpus of its own (train_src), which
+    Multi30k's splits would score on other text.
 
     keep_hypotheses adds "hypotheses": {split: the translations}, to compare runs later
     (paired_bootstrap)."""
     translator = Translator.from_checkpoint(path, device)
     train_config = translator.info.get("train_config", {})
+    if train_config.get("train_src") is not None:
+        raise ValueError(f"{path} was trained on corpus files: a corpus run is scored on "
+                         "its own files (evaluate --src --ref), not on Multi30k's splits")
     history = translator.info.get("history", [])
     setup = next((r for r in history if r.get("kind") == "setup"), {})
     # logged as each start ends
@@ -117,14 +121,17 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
 def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, alpha: float = 1.0,
                    batch_size: int = 128, device: str = "auto", data_dir: str | Path | None = None,
                    progress: bool = False) -> list[dict[str, Any]]:
-    """BLEU on a split of each snapshot a run kept (snapshot_minutes) and of its model.pt, by
-    training minutes."""
+    """BLEU on a Multi30k split of each snapshot a run kept (snapshot_minutes) and of its model.pt,
+    by training minutes; ValueError for a run trained on a corpus of its own (train_src)."""
     run_dir = Path(run_dir)
     translator = Translator.from_checkpoint(run_dir / "model.pt", device)
+    train_config = translator.info.get("train_config", {})
+    if train_config.get("train_src") is not None:
+        raise ValueError(f"{run_dir} was trained on corpus files: a corpus run is scored on "
+                         "its own files (evaluate --src --ref), not on Multi30k's splits")
     final = {k: v.clone() for k, v in translator.model.state_dict().items()}
     history = translator.info.get("history", [])
-    direction = translator.info.get("train_config", {}).get("direction", "de-en")
-    pairs = directed(load_multi30k(split, data_dir), direction)
+    pairs = directed(load_multi30k(split, data_dir), train_config.get("direction", "de-en"))
     points = []
     # None: model.pt, the end
     for path in [*sorted(run_dir.glob("snapshot[0-9][0-9][0-9].pt")), None]:
