@@ -291,6 +291,9 @@ def test_the_field_groups_make_the_fields_in_their_order_and_a_stored_configurat
         assert list(stored) == names and TrainConfig.from_dict(stored) == config
 
 
+_CORPUS = {"train_src": "train.de", "train_tgt": "train.en", "val_src": "val.de", "val_tgt": "val.en"}
+
+
 @pytest.mark.parametrize("values, match", [
     ({"max_tokens": 2000.5}, r"max_tokens=2000\.5 must be an integer"),
     ({"epochs": 2.7}, r"epochs=2\.7 must be an integer"),
@@ -307,6 +310,15 @@ def test_the_field_groups_make_the_fields_in_their_order_and_a_stored_configurat
     ({"dropout": True}, r"dropout=True must be a number"),
     ({"compile": "yes"}, r"compile='yes' must be True or False"),
     ({"norm_first": 1}, r"norm_first=1 must be True or False"),
+    ({"preset": 3}, r"preset=3 must be a string"),
+    ({"device": 5}, r"device=5 must be a string"),
+    ({"amp": 16}, r"amp=16 must be a string"),
+    ({"device": "tpu"}, r"device='tpu' must be auto, cpu, cuda, cuda:N or mps"),
+    ({"device": "cuda:x"}, r"device='cuda:x' must be auto"),
+    ({"device": "xla"}, r"device='xla' must be auto"),  # PyTorch knows it; the library does not run there
+    ({"train_src": 5}, r"train_src=5 must be a file's path"),
+    ({**_CORPUS, "corpus_sha256": 5}, r"corpus_sha256=5 must be a dict of strings"),
+    ({**_CORPUS, "corpus_sha256": {"train_src": 5}}, r"corpus_sha256=.* must be a dict of strings"),
 ])
 def test_a_value_not_of_its_fields_type_is_refused_naming_the_field(values, match):
     with pytest.raises(ValueError, match=match):
@@ -323,9 +335,30 @@ def test_the_type_check_takes_numbers_of_any_type_and_keeps_plain_ones():
     assert config.max_minutes == 5 and config.max_steps is None
     assert config.clip_grad_norm == 0.5 and type(config.clip_grad_norm) is float
     json.dumps(config.to_dict())
-    # the command line refuses the same values, by its field's type
+    # the command line refuses the same values, by its field's type, with the same hint for epochs
     with pytest.raises(ValueError, match="epochs='2.7': expected int"):
         parse_overrides(["epochs=2.7"])
+    with pytest.raises(ValueError, match="epochs='none': expected int; 1000, its default, is no limit in data"):
+        parse_overrides(["epochs=none"])
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1", "mps", "mps:0"])
+def test_every_device_the_library_runs_on_is_accepted_whatever_this_machine_has(device):
+    assert TrainConfig(device=device).device == device  # whether the machine has it, the run checks
+
+
+def test_the_conversions_are_a_base_without_fields_and_the_old_name_stays_an_attribute():
+    from dataclasses import is_dataclass
+
+    from transformer_lib import config as module
+
+    assert TrainConfig.__mro__[1] is module._Conversions and not is_dataclass(module._Conversions)
+    config = TrainConfig.from_preset("tiny")
+    with pytest.warns(FutureWarning, match="TrainConfig.max_len is now TrainConfig.max_sentence_len"):
+        config.max_len = 50
+    with pytest.warns(FutureWarning, match="TrainConfig.max_len is now"):
+        assert config.max_len == 50 == config.max_sentence_len
+    assert "max_len" not in config.to_dict() and TrainConfig.from_dict(config.to_dict()) == config
 
 
 def test_training_attention_kernel_gives_the_same_loss_and_gradients():

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Any
 
+import torch
+
 from .model import TransformerConfig
 from .recipe import cooldown_factor
 from .tokenizer import N_BASE
@@ -58,7 +60,8 @@ class _Data:
     train_subset: int | None = None  # train on the first N pairs only
     # drop training pairs with a side longer than this many tokens (was: max_len)
     max_sentence_len: int = 100
-    # padded tokens per batch, on each side (Sec 5.1); per process and micro-batch
+    # padded tokens per batch, on each side, per process and micro-batch (Sec 5.1's batches of
+    # about 25000 tokens a side count no padding)
     max_tokens: int = 4000
     # batches in a few fixed shapes, pairs grouped by length rounded up to this
     length_bucket: int | None = None
@@ -78,7 +81,8 @@ class _Optimisation:
 
     lr_factor: float = 1.0  # times Eq. 3's rate
     warmup: int = 800  # Eq. 3's warm-up steps
-    # the last fraction of the budget, over which the rate falls linearly to 0 (0: Eq. 3 only)
+    # the last fraction of the budget, over which the rate is multiplied by a factor that falls
+    # linearly to 0 (0: Eq. 3 alone)
     cooldown: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
@@ -153,9 +157,26 @@ def renamed_fields(values: dict[str, Any], warn: bool = True) -> dict[str, Any]:
     return out
 
 
+def _old_name(old: str, new: str) -> property:
+    """An attribute under a field's old name that reads and sets the new one, with a
+    FutureWarning."""
+    message = f"TrainConfig.{old} is now TrainConfig.{new}"
+
+    def get(self: Any) -> Any:
+        warnings.warn(message, FutureWarning, stacklevel=2)
+        return getattr(self, new)
+
+    def put(self: Any, value: Any) -> None:
+        warnings.warn(message, FutureWarning, stacklevel=2)
+        setattr(self, new, value)
+
+    return property(get, put, doc=f"The old name of {new}, with a FutureWarning.")
+
+
 def _accepts_old_names(cls: type) -> type:
     """The class, with an __init__ that also takes the RENAMED fields' old names (with a
-    FutureWarning, as renamed_fields gives it): TrainConfig(max_len=...) still works."""
+    FutureWarning, as renamed_fields gives it) and an attribute under each old name:
+    TrainConfig(max_len=...) and config.max_len still work."""
     dataclass_init = cls.__init__
 
     @functools.wraps(dataclass_init)
@@ -163,46 +184,14 @@ def _accepts_old_names(cls: type) -> type:
         dataclass_init(self, *args, **renamed_fields(kwargs))
 
     cls.__init__ = __init__
+    for old, new in RENAMED.items():
+        setattr(cls, old, _old_name(old, new))
     return cls
 
-# %% ../book/eng_configuration.ipynb #f786d9cf
-@_accepts_old_names  # the cell before: the old names of renamed fields
-@dataclass
-class TrainConfig(  # a dataclass takes its bases' fields from the last base to the first
-    _Cadence, _Machinery, _Length, _Optimisation, _Data, _LateDropout, ModelSettings
-):
-    """Everything that defines a training run: the model's fields (ModelSettings), late dropout,
-    the data, the optimisation, the length of the run, the machinery and the cadence; PRESETS
-    holds tuned values, TrainConfig.from_preset applies one."""
-
-    def __post_init__(self) -> None:
-        # the cell after the next: each field of its type and in its range, or a ValueError
-        # that names it
-        _check_train_config(self)
-
-    @property
-    def max_len(self) -> int:
-        """The old name of max_sentence_len, with a FutureWarning."""
-        warnings.warn("TrainConfig.max_len is now TrainConfig.max_sentence_len", FutureWarning,
-                      stacklevel=2)
-        return self.max_sentence_len
-
-    @max_len.setter
-    def max_len(self, value: int) -> None:
-        warnings.warn("TrainConfig.max_len is now TrainConfig.max_sentence_len", FutureWarning,
-                      stacklevel=2)
-        self.max_sentence_len = value
-
-    @property
-    def points_by_epoch(self) -> bool:
-        """Whether validation points (and a last.pt) come at each epoch's end, not by data, minutes
-        or steps."""
-        return self.eval_epochs is None and self.eval_minutes is None and self.eval_every is None
-
-    def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The TransformerConfig of this run's model, for a tokenizer of vocab_size tokens."""
-        return TransformerConfig(vocab_size=vocab_size,
-                                 **{f.name: getattr(self, f.name) for f in fields(ModelSettings)})
+# %% ../book/eng_configuration.ipynb #cfg6cnv1
+class _Conversions:
+    """TrainConfig's conversions, a base without fields: to plain values and back, and from a
+    preset."""
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain values (for checkpoints and JSON)."""
@@ -229,6 +218,52 @@ class TrainConfig(  # a dataclass takes its bases' fields from the last base to 
             raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], "preset": name, **renamed_fields(overrides)})
 
+# %% ../book/eng_configuration.ipynb #f786d9cf
+@_accepts_old_names  # the folded cell above: the old names of renamed fields
+@dataclass
+class TrainConfig(  # a dataclass takes its bases' fields from the last base to the first
+    _Conversions, _Cadence, _Machinery, _Length, _Optimisation, _Data, _LateDropout, ModelSettings
+):
+    """Everything that defines a training run: the model's fields (ModelSettings), late dropout,
+    the data, the optimisation, the length of the run, the machinery and the cadence; PRESETS
+    holds the presets' values, TrainConfig.from_preset applies one."""
+
+    def __post_init__(self) -> None:
+        # the checks below: each field of its type and in its range, or a ValueError naming it
+        _check_train_config(self)
+
+    @property
+    def points_by_epoch(self) -> bool:
+        """Whether validation points (and a last.pt) come at each epoch's end, not by data, minutes
+        or steps."""
+        return self.eval_epochs is None and self.eval_minutes is None and self.eval_every is None
+
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        """The TransformerConfig of this run's model, for a tokenizer of vocab_size tokens."""
+        return TransformerConfig(vocab_size=vocab_size,
+                                 **{f.name: getattr(self, f.name) for f in fields(ModelSettings)})
+
+# %% ../book/eng_configuration.ipynb #cfg6chk1
+def _check_train_config(config: TrainConfig) -> None:
+    """ValueError, naming the field, for a value not of its type or out of its range; the corpus
+    fields as plain strings."""
+    _check_corpus_fields(config)  # all four files or none: the cell after the next
+    _check_types(config)  # each value of its field's type: the folded cell after this one
+    values = [(f.name, getattr(config, f.name)) for f in fields(config)]
+    for name, value in values + [("betas", b) for b in config.betas]:
+        # NaN fails every comparison (nan <= 0 is False): without this it would pass each range
+        # check; any number type (numpy's float32 is no float) that converts to a float is checked
+        if _is_number(value) and not math.isfinite(float(value)):
+            raise ValueError(f"{name}={value} must be a finite number")
+    config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields
+    _check_ranges(config)  # counts, budgets and fractions: the folded cell after this one
+    choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
+    for name, allowed in choices.items():
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"{name}={getattr(config, name)!r} must be one of "
+                             f"{', '.join(allowed)}")
+    _check_device(config.device)  # a CPU, a CUDA GPU or an Apple GPU, as PyTorch names them
+
 # %% ../book/eng_configuration.ipynb #e0491563
 def _is_number(value: Any) -> bool:
     """Whether value is a number of any type that converts to a float (numpy's float32 is no
@@ -236,10 +271,14 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, (str, bool)) and hasattr(value, "__float__")
 
 
+# what a refused value of epochs is told: the field always holds a number
+_EPOCHS_HINT = "; 1000, its default, is no limit in data"
+
+
 def _check_types(config: TrainConfig) -> None:
     """ValueError, naming the field, for a value not of its field's type: an integer where the
-    field counts, a number, True or False; numbers of other types (numpy's) made ints and floats,
-    betas a tuple of two floats."""
+    field counts, a number, True or False, a string, a dict of strings; numbers of other types
+    (numpy's) made ints and floats, betas a tuple of two floats."""
     try:
         betas = tuple(config.betas)
     except TypeError:  # not a sequence: one number, say
@@ -254,7 +293,7 @@ def _check_types(config: TrainConfig) -> None:
             continue
         if int in kinds:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                hint = "; 1000, its default, is no limit in data" if f.name == "epochs" else ""
+                hint = _EPOCHS_HINT if f.name == "epochs" else ""
                 raise ValueError(f"{f.name}={value!r} must be an integer{hint}")
             setattr(config, f.name, int(value))
         elif float in kinds:
@@ -264,24 +303,19 @@ def _check_types(config: TrainConfig) -> None:
                 setattr(config, f.name, float(value))
         elif bool in kinds and not isinstance(value, bool):
             raise ValueError(f"{f.name}={value!r} must be True or False")
+        elif str in kinds and not isinstance(value, str):
+            raise ValueError(f"{f.name}={value!r} must be a string")
+        elif dict in map(typing.get_origin, kinds):  # corpus_sha256: a file's field -> checksum
+            if not isinstance(value, dict) or not all(
+                isinstance(x, str) for x in [*value, *value.values()]
+            ):
+                raise ValueError(f"{f.name}={value!r} must be a dict of strings")
 
 
-def _check_train_config(config: TrainConfig) -> None:
-    """ValueError, naming the field, for a value not of its type or out of its range; the corpus
-    fields as plain strings."""
-    _check_corpus_fields(config)
-    _check_types(config)
-    values = [(f.name, getattr(config, f.name)) for f in fields(config)] + [
-        ("betas", b) for b in config.betas
-    ]
-    for name, value in values:
-        # NaN fails no comparison (nan <= 0 is False): without this it would pass every range check
-        # below. Any number type (numpy's float32 is no float), so whatever converts to a float is
-        # checked.
-        if _is_number(value) and not math.isfinite(float(value)):
-            raise ValueError(f"{name}={value} must be a finite number")
-    # TransformerConfig checks the model's fields, naming the one wrong
-    config.model_config(config.vocab_size)
+def _check_ranges(config: TrainConfig) -> None:
+    """ValueError, naming the field, for a count below 1, a budget or a rate that is not
+    positive, a vocabulary or a sentence length the tokenizer and the model cannot take, or a
+    fraction outside its interval."""
     for name in [
         "vocab_size",
         "max_sentence_len",
@@ -336,12 +370,20 @@ def _check_train_config(config: TrainConfig) -> None:
     cooldown_factor(0.0, config.cooldown)  # validates cooldown
     if not all(0.0 <= b < 1.0 for b in config.betas):
         raise ValueError(f"betas={config.betas} must be two numbers in [0, 1)")
-    choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
-    for name, allowed in choices.items():
-        if getattr(config, name) not in allowed:
-            raise ValueError(
-                f"{name}={getattr(config, name)!r} must be one of {', '.join(allowed)}"
-            )
+
+
+_DEVICE_KINDS = ("cpu", "cuda", "mps")  # the devices the library runs on
+
+
+def _check_device(device: str) -> None:
+    """ValueError for a device neither "auto" nor named as PyTorch names a CPU, a CUDA GPU (cuda:1
+    too) or an Apple GPU (mps); whether this machine has it, the run checks at its start."""
+    try:
+        kind = None if device == "auto" else torch.device(device).type
+    except (RuntimeError, ValueError):  # no device string PyTorch reads
+        kind = "unknown"
+    if kind is not None and kind not in _DEVICE_KINDS:
+        raise ValueError(f"device={device!r} must be auto, cpu, cuda, cuda:N or mps")
 
 # %% ../book/eng_configuration.ipynb #9e423251
 CORPUS_FIELDS = ("train_src", "train_tgt", "val_src", "val_tgt")
@@ -351,8 +393,12 @@ def _check_corpus_fields(config: TrainConfig) -> None:
     """The corpus files as plain strings, all four or none; corpus_sha256 only with them, and
     with them no direction but de-en, the default (their pairs train in the files' own order)."""
     for name in CORPUS_FIELDS:
-        if getattr(config, name) is not None:
-            setattr(config, name, os.fspath(getattr(config, name)))
+        value = getattr(config, name)
+        if value is not None:
+            try:
+                setattr(config, name, os.fspath(value))
+            except TypeError:  # a number, say, which names no file
+                raise ValueError(f"{name}={value!r} must be a file's path") from None
     given = [name for name in CORPUS_FIELDS if getattr(config, name) is not None]
     if given and len(given) < len(CORPUS_FIELDS):
         missing = [name for name in CORPUS_FIELDS if name not in given]
@@ -366,7 +412,6 @@ def _check_corpus_fields(config: TrainConfig) -> None:
         raise ValueError(f"direction={config.direction!r} applies to Multi30k only: corpus files "
                          "train from the first file of each pair to the second; to train the "
                          "other way, name the files the other way round and leave direction out")
-
 
 # %% ../book/eng_configuration.ipynb #14653fad
 PRESETS: dict[str, dict[str, Any]] = {
@@ -420,7 +465,8 @@ def _parse_value(name: str, text: str, kind: Any) -> Any:
             if typing.get_origin(kind) is tuple
             else getattr(kind, "__name__", str(kind))
         )
-        raise ValueError(f"{name}={text!r}: expected {expected}") from None
+        hint = _EPOCHS_HINT if RENAMED.get(name, name) == "epochs" else ""  # none is refused
+        raise ValueError(f"{name}={text!r}: expected {expected}{hint}") from None
 
 # %% ../book/eng_configuration.ipynb #cfg1prs1
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
