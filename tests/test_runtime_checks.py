@@ -37,7 +37,6 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch):
     ("x86_64", "fpu sse2 avx2 avx512f avx512bw amx_tile amx_bf16", True),  # AMX
     ("x86_64", "fpu sse2 avx2 avx512f avx512bw avx512_vnni", False),  # Skylake / Cascade Lake: emulated
     ("x86_64", "fpu sse2 avx2 fma", False),
-    ("AMD64", "avx512_bf16", True),
     ("aarch64", "fp asimd sve bf16 i8mm", True),                      # Neoverse V1 / N2
     ("aarch64", "fp asimd atomics", False),                           # Neoverse N1
     ("aarch64", "fp asimd svebf16", False),                           # another flag, not BF16
