@@ -251,7 +251,7 @@ class OptimiserStep:
                  procs: Processes, amp: torch.dtype | None, shapes: int | None = None) -> None:
         self.model, self.config, self.procs, self.amp = model, config, procs, amp
         device = procs.device
-        # fused on CUDA: one kernel for all parameters, and float16's inf check stays on the GPU
+        # fused on CUDA: a few kernels for all parameters, and float16's inf check stays on the GPU
         self.optimizer = torch.optim.Adam(
             model.parameters(), lr=noam_rate(1, config.d_model, config.warmup, config.lr_factor),
             betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
