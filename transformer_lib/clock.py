@@ -93,11 +93,11 @@ def save_due(self, step: int) -> bool:
 
 @patch_to(RunClock)
 def point_due(self, step: int, done: int, per_step: int, n_batches: int) -> bool:
-    """Whether a validation point is due after the step just taken: `done` micro-batches
-    trained on since the run began (epoch x n_batches + position), the step having added
-    per_step, crossed a multiple of eval_epochs x n_batches; or the step is a multiple of
-    eval_every; or eval_minutes have passed since the last point. At step 0 (done 0) it is
-    True with eval_epochs or eval_every set: the trainer acts on no point before a step."""
+    """Whether a validation point is due after the step just taken: with eval_epochs, when the
+    step (per_step micro-batches) took the epochs seen across a multiple of eval_epochs, `done`
+    being the epochs seen x this epoch's n_batches (epoch x n_batches + position); every
+    eval_every steps; or once eval_minutes have passed since the last point. At step 0 (done 0)
+    it is True with eval_epochs or eval_every set: the trainer acts on no point before a step."""
     c = self.config
     every = c.eval_epochs * n_batches if c.eval_epochs is not None else math.inf
     # + 1e-9: a step that reaches a multiple exactly must count, though rounding can leave the

@@ -110,6 +110,8 @@ def update_weights(self) -> torch.Tensor:
             else self.batches.micro_batches(self.plan, self.position, self.device))
     with self.clock.timed("first_step") if self.first_step else nullcontext():  # compiling
         sums = self.update(mine, n_tgt)
+        if self.first_step and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the first step's queued kernels are its time
     self.first_step = False
     self.global_step, self.position = self.global_step + 1, self.position + self.per_step
     self.tokens = None if self.tokens is None else self.tokens + n_all
