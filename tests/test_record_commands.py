@@ -4,8 +4,11 @@ today's library, in the page's `COMMANDS`. Parsed by the command line's own pars
 build, field by field, the configuration its record stores, so a command that drifts from its run, or
 a preset that changes under its records, fails here. The records are read by the page's own
 `settings`, so the page and the test read them alike; it also supplies what no record stores (the
-draw of attention, the epochs and the validation points by epochs), which are compared too. A peer's
-command runs its script's own main() up to the call of train()."""
+draw of attention, the epochs and the validation points by epochs), which are compared too. A field
+that changes nothing is left out on both sides (inner_dropout_from where no inner dropout is on), so
+that a command carries no setting its run does not need. A peer's command runs its script's own
+main() up to the call of train(); the two records of torch.nn.Transformer's tutorial script keep no
+configuration, and their commands are compared word for word."""
 from __future__ import annotations
 
 import ast
@@ -49,26 +52,28 @@ def page_records() -> dict[str, dict]:
 
 def page_settings() -> Callable[[dict], dict[str, Any]]:
     """The page's `settings`, which reads a record's settings by today's field names, taken from its
-    code cell with the constants it reads (the cell's upper-case literals) and run here: the test
-    reads the records as the page does, from one definition."""
+    code cell with the rules it reads (the upper-case literals of the page's code cells up to its
+    own) and run here: the test reads the records as the page does, from one definition."""
+    body: list[ast.stmt] = []
     for cell in json.loads(PAGE.read_text(encoding="utf-8"))["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] != "code" or "\ndef settings(" not in source:
+        if cell["cell_type"] != "code":
             continue
-        body = []
-        for node in ast.parse(source).body:
+        function = None
+        for node in ast.parse("".join(cell["source"])).body:
             if isinstance(node, ast.FunctionDef) and node.name == "settings":
-                body.append(node)
+                function = node
             elif isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
                                                       for t in node.targets):
                 try:
                     ast.literal_eval(node.value)
-                except ValueError:
+                except (ValueError, TypeError, SyntaxError):
                     continue
                 body.append(node)
-        scope: dict[str, Any] = {"TrainConfig": TrainConfig, "renamed_fields": renamed_fields}
-        exec(compile(ast.Module(body=body, type_ignores=[]), str(PAGE), "exec"), scope)
-        return scope["settings"]
+        if function is not None:
+            scope: dict[str, Any] = {"TrainConfig": TrainConfig, "renamed_fields": renamed_fields}
+            module = ast.Module(body=[*body, function], type_ignores=[])
+            exec(compile(module, str(PAGE), "exec"), scope)
+            return scope["settings"]
     raise AssertionError(f"{PAGE.name} has no settings")
 
 
@@ -122,16 +127,25 @@ def built(command: str) -> dict[str, Any] | None:
     raise AssertionError(f"not a command the test can read: {command}")
 
 
+def without_moot(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings less a field that changes nothing: inner_dropout_from where attention_dropout and
+    ffn_dropout are both 0 (no inner dropout to start late), as the page's changed() and moved()
+    read them."""
+    if config.get("attention_dropout") == config.get("ffn_dropout") == 0:
+        return {k: v for k, v in config.items() if k != "inner_dropout_from"}
+    return config
+
+
 def disagreements(run: dict, command: str) -> list[str]:
-    """Each field where the command's configuration differs from the record's."""
+    """Each field where the command's configuration differs from the record's (moot fields aside)."""
     config = built(command)
     if config is None:  # torch.nn.Transformer's tutorial: its record is its own command
         words = shlex.split(run["command"])
         if "--out" in words:
             del words[words.index("--out"):words.index("--out") + 2]
         return [] if words == shlex.split(command) else [f"command: {run['command']!r}"]
-    config = json.loads(json.dumps(config))  # tuples as the record's lists
-    want = json.loads(json.dumps(recorded(run)))
+    config = without_moot(json.loads(json.dumps(config)))  # tuples as the record's lists
+    want = without_moot(json.loads(json.dumps(recorded(run))))
     return [f"{k}: the record {want[k]!r}, the command {config.get(k, '(no such field)')!r}"
             for k in sorted(want) if config.get(k, object()) != want[k]]
 
@@ -150,13 +164,28 @@ def test_the_command_builds_the_record_s_configuration(name):
                                                                              COMMANDS[name])
 
 
+def unneeded(name: str, command: str) -> list[str]:
+    """The --set settings of a command without which it still builds its record's configuration."""
+    words = shlex.split(command)
+    return [words[i + 1] for i, w in enumerate(words) if w == "--set"
+            and not disagreements(RECORDS[name], shlex.join(words[:i] + words[i + 2:]))]
+
+
 @pytest.mark.parametrize("name", [n for n in sorted(COMMANDS) if "--set" in COMMANDS[n]])
 def test_each_setting_of_a_command_is_needed(name):
     """A command less any one of its --set builds another run: the check can fail."""
-    words = shlex.split(COMMANDS[name])
-    for i in [i for i, w in enumerate(words) if w == "--set"]:
-        shorter = shlex.join(words[:i] + words[i + 2:])
-        assert disagreements(RECORDS[name], shorter), (name, words[i + 1])
+    assert not unneeded(name, COMMANDS[name])
+
+
+def test_a_moot_setting_is_unneeded_and_a_needed_one_left_out_is_caught():
+    """With no inner dropout, when it starts changes nothing: a command that sets it carries a
+    setting its run does not need. Leaving out a setting the run needs still fails."""
+    name = "ablations/cpu_residual_dropout_only"
+    moot = COMMANDS[name] + " --set inner_dropout_from=0"
+    assert not disagreements(RECORDS[name], moot)
+    assert unneeded(name, moot) == ["inner_dropout_from=0"]
+    wrong = COMMANDS[name].replace(" --set ffn_dropout=0", "")
+    assert disagreements(RECORDS[name], wrong) == ["ffn_dropout: the record 0.0, the command None"]
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(COMMANDS) if "peer_same_recipe.py" in COMMANDS[n]])
