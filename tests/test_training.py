@@ -342,6 +342,23 @@ def test_the_type_check_takes_numbers_of_any_type_and_keeps_plain_ones():
         parse_overrides(["epochs=none"])
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**64, 2**70])
+def test_a_seed_outside_the_range_every_use_takes_is_refused_when_the_config_is_made(seed):
+    with pytest.raises(ValueError, match=rf"seed={seed} must be in \[0, 2\*\*32\)"):
+        TrainConfig(seed=seed)
+    with pytest.raises(ValueError, match=rf"seed={seed} must be"):  # from the command line too
+        TrainConfig(**parse_overrides([f"seed={seed}"]))
+
+
+def test_the_largest_seed_accepted_seeds_torch_and_the_batcher():
+    seed = TrainConfig(seed=2**32 - 1).seed
+    torch.manual_seed(seed)  # what the trainer calls first
+    token_batches([3, 4, 5], [4, 5, 6], 20, seed=seed, epoch=10**6)  # seed * 1_000_003 + epoch
+    with pytest.raises((RuntimeError, ValueError)):  # what the check keeps from reaching a run
+        torch.manual_seed(2**70)
+    torch.manual_seed(0)
+
+
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1", "mps", "mps:0"])
 def test_every_device_the_library_runs_on_is_accepted_whatever_this_machine_has(device):
     assert TrainConfig(device=device).device == device  # whether the machine has it, the run checks

@@ -60,8 +60,8 @@ class _Data:
     train_subset: int | None = None  # train on the first N pairs only
     # drop training pairs with a side longer than this many tokens (was: max_len)
     max_sentence_len: int = 100
-    # padded tokens per batch, on each side, per process and micro-batch (Sec 5.1's batches of
-    # about 25000 tokens a side count no padding)
+    # padded tokens per batch, on each side, per process and micro-batch (Sec 5.1's batches hold
+    # about 25000 tokens a side; whether padding counts, the paper does not say)
     max_tokens: int = 4000
     # batches in a few fixed shapes, pairs grouped by length rounded up to this
     length_bucket: int | None = None
@@ -273,6 +273,9 @@ def _is_number(value: Any) -> bool:
 
 # what a refused value of epochs is told: the field always holds a number
 _EPOCHS_HINT = "; 1000, its default, is no limit in data"
+# seeds below it: torch.manual_seed takes [-2**63, 2**64), and the batcher multiplies the seed
+# by 1_000_003 (recipe.token_batches)
+_SEED_LIMIT = 2**32
 
 
 def _check_types(config: TrainConfig) -> None:
@@ -352,6 +355,11 @@ def _check_ranges(config: TrainConfig) -> None:
             )
     if config.weight_decay < 0:
         raise ValueError(f"weight_decay={config.weight_decay} must be at least 0")
+    if not 0 <= config.seed < _SEED_LIMIT:
+        raise ValueError(
+            f"seed={config.seed} must be in [0, 2**32): the batcher seeds torch.manual_seed with "
+            "seed * 1_000_003 + epoch, which must stay within the seeds torch takes"
+        )
     if config.vocab_size < N_BASE:
         raise ValueError(
             f"vocab_size={config.vocab_size} must be at least {N_BASE}: the tokenizer's special "
@@ -437,12 +445,6 @@ PRESETS["colab"] = {**PRESETS["cpu"], "epochs": 20, "max_minutes": 30.0, "eval_e
 
 
 # %% ../book/eng_configuration.ipynb #66377c97
-def _did_you_mean(name: str, names: Sequence[str]) -> str:
-    """ " (did you mean 'x'?)" for the closest of names, or "" when none is close."""
-    close = difflib.get_close_matches(name, names, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _parse_value(name: str, text: str, kind: Any) -> Any:
     """One override value converted to the type of TrainConfig's field `name`."""
     args = typing.get_args(kind)
@@ -458,15 +460,17 @@ def _parse_value(name: str, text: str, kind: Any) -> Any:
             return tuple(float(x) for x in text.split(","))
         return kind(text)
     except (KeyError, ValueError):
-        expected = (
-            "true or false"
-            if kind is bool
-            else "comma-separated numbers"
-            if typing.get_origin(kind) is tuple
-            else getattr(kind, "__name__", str(kind))
-        )
+        expected = ("true or false" if kind is bool
+                    else "comma-separated numbers" if typing.get_origin(kind) is tuple
+                    else getattr(kind, "__name__", str(kind)))
         hint = _EPOCHS_HINT if RENAMED.get(name, name) == "epochs" else ""  # none is refused
         raise ValueError(f"{name}={text!r}: expected {expected}{hint}") from None
+
+
+def _did_you_mean(name: str, names: Sequence[str]) -> str:
+    """ " (did you mean 'x'?)" for the closest of names, or "" when none is close."""
+    close = difflib.get_close_matches(name, names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 # %% ../book/eng_configuration.ipynb #cfg1prs1
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
