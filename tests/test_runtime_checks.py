@@ -378,3 +378,12 @@ def test_the_peak_of_a_gpu_by_its_name(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=unlisted: name)
         assert records.peak_flops(torch.device("cuda")) is None, unlisted
     assert records.peak_flops(CPU) is None
+
+
+def test_bf16_on_a_gpu_before_ampere_is_called_emulated(monkeypatch):
+    """A T4 (capability 7.5) has no bfloat16 tensor cores: check_runtime's reason to warn; an A100 (8.0) has."""
+    _one_gpu(monkeypatch, capability=(7, 5))
+    assert "capability 7.5) has no bfloat16 tensor cores" in runtime._slow_amp(torch.device("cuda"), torch.bfloat16)
+    assert runtime._slow_amp(torch.device("cuda"), torch.float16) is None
+    _one_gpu(monkeypatch, capability=(8, 0))
+    assert runtime._slow_amp(torch.device("cuda"), torch.bfloat16) is None

@@ -127,6 +127,21 @@ def machine_preset(device: str = "auto") -> str:
     memory = torch.cuda.get_device_properties(dev).total_memory  # bytes
     return "gpu" if bf16 and memory >= GPU_PRESET_MEMORY else "colab"
 
+# %% ../book/eng_devices.ipynb #dev19slow
+def _slow_amp(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why autocast in dtype may be slower than float32 on device (None: no reason known): float16
+    on a CPU, bfloat16 emulated on a CPU without its instructions or on a GPU before Ampere."""
+    if device.type == "cpu" and dtype == torch.float16:
+        return "amp=auto never picks float16 on a CPU"
+    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
+        return "this CPU has no bfloat16 instructions, so PyTorch emulates them"
+    if dtype == torch.bfloat16 and device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 0):
+            return (f"this GPU (capability {capability[0]}.{capability[1]}) has no bfloat16 tensor "
+                    "cores, so PyTorch emulates them")
+    return None
+
 # %% ../book/eng_devices.ipynb #9dd7a41a
 def check_runtime(device: torch.device, amp: str = "off", compile: bool = False) -> None:
     """Refuse up front a missing device, an autocast dtype the device lacks, or torch.compile
@@ -146,9 +161,8 @@ def check_runtime(device: torch.device, amp: str = "off", compile: bool = False)
         if not supported:
             raise UnsupportedSetting(f"amp={name}: PyTorch {torch.__version__} has no {name} "
                                      f"autocast on {device.type}; use amp=off")
-        if device.type == "cpu" and (dtype == torch.float16 or not cpu_has_native_bf16()):
-            why = ("this CPU has no bfloat16 instructions, so PyTorch emulates them"
-                   if dtype == torch.bfloat16 else "amp=auto never picks float16 on a CPU")
+        why = _slow_amp(device, dtype)
+        if why is not None:
             warnings.warn(f"amp={name}: {why}, and a training step may be slower than in "
                           "float32; amp=auto chooses for you", stacklevel=2)
     if compile:
