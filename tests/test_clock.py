@@ -25,6 +25,27 @@ def test_patch_to_sets_a_method_and_the_trainer_still_exports_it():
         return 3
 
     assert Box().size() == 3 and trainers is patch_to
+    assert size.__qualname__ == "Box.size" and Box.size is size  # the function, returned and named
+
+
+def test_patch_to_names_the_clocks_methods_staticmethod_and_context_manager_included():
+    assert RunClock.minutes.__qualname__ == "RunClock.minutes"
+    assert RunClock.describe.__qualname__ == "RunClock.describe"  # a staticmethod's function
+    assert RunClock.timed.__qualname__ == "RunClock.timed"  # the context manager's wrapper
+
+
+def test_points_by_eval_epochs_in_epochs_of_different_lengths():
+    # 10 micro-batches, then 8, one a step; done as Trainer.agree counts it, in each epoch's own micro-batches:
+    # half an epoch is 5 micro-batches in the first and 4 in the second, so points at steps 5, 10, then 14, 18
+    c = clock(eval_epochs=0.5)
+    points, step = [], 0
+    for epoch, n_batches in enumerate([10, 8]):
+        for position in range(1, n_batches + 1):
+            step += 1
+            done = epoch * n_batches + position
+            if c.point_due(step, done=done, per_step=1, n_batches=n_batches):
+                points.append((step, done / n_batches))
+    assert points == [(5, 0.5), (10, 1.0), (14, 1.5), (18, 2.0)]
 
 
 def test_points_by_eval_epochs_need_the_nudge_at_an_exact_multiple():

@@ -561,6 +561,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'transformer_lib/runtime.py'),
                                          'transformer_lib.runtime._raise_thresholds': ( 'eng_devices.html#_raise_thresholds',
                                                                                         'transformer_lib/runtime.py'),
+                                         'transformer_lib.runtime._slow_amp': ('eng_devices.html#_slow_amp', 'transformer_lib/runtime.py'),
                                          'transformer_lib.runtime.amp_for_capability': ( 'eng_devices.html#amp_for_capability',
                                                                                          'transformer_lib/runtime.py'),
                                          'transformer_lib.runtime.autocast': ('eng_devices.html#autocast', 'transformer_lib/runtime.py'),

@@ -16,9 +16,13 @@ from .config import TrainConfig
 
 # %% ../book/eng_clock.ipynb #c1c0c0b2
 def patch_to(cls: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator that sets the function it decorates on cls, as a method of the same name."""
+    """A decorator that sets the function it decorates on cls, as a method of the same name whose
+    __qualname__ is cls's name dot its own; it returns the function."""
     def add(method: Callable[..., Any]) -> Callable[..., Any]:
-        setattr(cls, method.__name__, method)
+        name = method.__name__
+        for named in (method, getattr(method, "__func__", method)):  # a staticmethod's function too
+            named.__qualname__ = f"{cls.__name__}.{name}"
+        setattr(cls, name, method)
         return method
     return add
 
