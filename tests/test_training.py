@@ -244,6 +244,7 @@ def test_presets_make_valid_models_of_growing_size_and_gpu_is_the_papers_base_mo
     assert _parameters(gpu, 37000) == pytest.approx(65e6, rel=0.05)
     assert tiny.amp == "off"  # the book's stored outputs are float32 on every CPU
     assert TrainConfig.from_preset("tiny", d_model=128) == replace(tiny, d_model=128)  # an override wins
+    assert TrainConfig.from_preset("cpu", preset="gpu").preset == "cpu"  # the run remembers its preset
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         TrainConfig.from_preset("huge")
     with pytest.raises(ValueError, match="d_modle"):

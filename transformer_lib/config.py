@@ -216,7 +216,8 @@ class _Conversions:
         """
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], "preset": name, **renamed_fields(overrides)})
+        # the name last: an override cannot make a run remember another preset
+        return cls.from_dict({**PRESETS[name], **renamed_fields(overrides), "preset": name})
 
 # %% ../book/eng_configuration.ipynb #f786d9cf
 @_accepts_old_names  # the folded cell above: the old names of renamed fields
