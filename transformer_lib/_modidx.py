@@ -542,6 +542,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'transformer_lib/records.py'),
                                          'transformer_lib.records.MetricsLog.take': ( 'eng_trainer.html#metricslog.take',
                                                                                       'transformer_lib/records.py'),
+                                         'transformer_lib.records._multi30k_pairs': ( 'eng_records.html#_multi30k_pairs',
+                                                                                      'transformer_lib/records.py'),
                                          'transformer_lib.records.device_description': ( 'eng_records.html#device_description',
                                                                                          'transformer_lib/records.py'),
                                          'transformer_lib.records.evaluate_checkpoint': ( 'eng_records.html#evaluate_checkpoint',

@@ -68,6 +68,18 @@ def device_description(device: str) -> str:
     return device
 
 
+def _multi30k_pairs(translator: Translator, split: str, data_dir: str | Path | None,
+                    name: str | Path) -> list[tuple[str, str]]:
+    """Multi30k's `split` in the direction the translator's run was trained for, as training took
+    it; ValueError for a run trained on a corpus of its own (train_src), which Multi30k's splits
+    would score on other text."""
+    train_config = translator.info.get("train_config", {})
+    if train_config.get("train_src") is not None:
+        raise ValueError(f"{name} was trained on corpus files: a corpus run is scored on "
+                         "its own files (evaluate --src --ref), not on Multi30k's splits")
+    return directed(load_multi30k(split, data_dir), train_config.get("direction", "de-en"))
+
+
 def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2016"),
                         beam_size: int = 4, batch_size: int = 128, device: str = "auto",
                         data_dir: str | Path | None = None, command: str | None = None,
@@ -81,19 +93,14 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
     (paired_bootstrap)."""
     translator = Translator.from_checkpoint(path, device)
     train_config = translator.info.get("train_config", {})
-    if train_config.get("train_src") is not None:
-        raise ValueError(f"{path} was trained on corpus files: a corpus run is scored on "
-                         "its own files (evaluate --src --ref), not on Multi30k's splits")
+    pairs = {split: _multi30k_pairs(translator, split, data_dir, path) for split in splits}
     history = translator.info.get("history", [])
     setup = next((r for r in history if r.get("kind") == "setup"), {})
     # logged as each start ends
     end = next((r for r in reversed(history) if r.get("kind") == "overhead"), {})
     preset, overrides = overrides_of(train_config)
-    scores = {}
-    for split in splits:
-        pairs = load_multi30k(split, data_dir)
-        pairs = directed(pairs, train_config.get("direction", "de-en"))
-        scores[split] = evaluate_bleu(translator, pairs, beam_size, batch_size, progress, alpha)
+    scores = {split: evaluate_bleu(translator, pairs[split], beam_size, batch_size, progress, alpha)
+              for split in splits}
     record = {
         "preset": preset,  # the preset the run was started from
         "overrides": overrides,  # the fields where the run's recipe differs from it
@@ -125,13 +132,9 @@ def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, 
     by training minutes; ValueError for a run trained on a corpus of its own (train_src)."""
     run_dir = Path(run_dir)
     translator = Translator.from_checkpoint(run_dir / "model.pt", device)
-    train_config = translator.info.get("train_config", {})
-    if train_config.get("train_src") is not None:
-        raise ValueError(f"{run_dir} was trained on corpus files: a corpus run is scored on "
-                         "its own files (evaluate --src --ref), not on Multi30k's splits")
+    pairs = _multi30k_pairs(translator, split, data_dir, run_dir)
     final = {k: v.clone() for k, v in translator.model.state_dict().items()}
     history = translator.info.get("history", [])
-    pairs = directed(load_multi30k(split, data_dir), train_config.get("direction", "de-en"))
     points = []
     # None: model.pt, the end
     for path in [*sorted(run_dir.glob("snapshot[0-9][0-9][0-9].pt")), None]:
