@@ -247,9 +247,16 @@ class TrainConfig(  # a dataclass takes its bases' fields from the last base to 
 # %% ../book/eng_configuration.ipynb #cfg6chk1
 def _check_train_config(config: TrainConfig) -> None:
     """ValueError, naming the field, for a value not of its type or out of its range; the corpus
-    fields as plain strings."""
-    _check_corpus_fields(config)  # all four files or none: the cell after the next
-    _check_types(config)  # each value of its field's type: the folded cell after this one
+    fields as plain strings, betas a tuple of two floats."""
+    _check_corpus_fields(config)  # all four files or none (below)
+    try:  # betas, two values: two numbers, kept as two floats
+        betas = tuple(config.betas)
+    except TypeError:  # not a sequence: one number, say
+        betas = ()
+    if len(betas) != 2 or not all(_is_number(b) for b in betas):
+        raise ValueError(f"betas={config.betas!r} must be two numbers in [0, 1)")
+    config.betas = tuple(float(b) for b in betas)
+    _check_types(config)  # each other value of its field's type (below)
     values = [(f.name, getattr(config, f.name)) for f in fields(config)]
     for name, value in values + [("betas", b) for b in config.betas]:
         # NaN fails every comparison (nan <= 0 is False): without this it would pass each range
@@ -257,7 +264,7 @@ def _check_train_config(config: TrainConfig) -> None:
         if _is_number(value) and not math.isfinite(float(value)):
             raise ValueError(f"{name}={value} must be a finite number")
     config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields
-    _check_ranges(config)  # counts, budgets and fractions: the folded cell after this one
+    _check_ranges(config)  # counts, budgets and fractions (below)
     choices = {"direction": ("de-en", "en-de"), "amp": ("auto", "off", "bf16", "fp16")}
     for name, allowed in choices.items():
         if getattr(config, name) not in allowed:
@@ -265,7 +272,7 @@ def _check_train_config(config: TrainConfig) -> None:
                              f"{', '.join(allowed)}")
     _check_device(config.device)  # a CPU, a CUDA GPU or an Apple GPU, as PyTorch names them
 
-# %% ../book/eng_configuration.ipynb #e0491563
+# %% ../book/eng_configuration.ipynb #cfg8typ1
 def _is_number(value: Any) -> bool:
     """Whether value is a number of any type that converts to a float (numpy's float32 is no
     float, nor a tensor), and not a bool or a str."""
@@ -274,22 +281,13 @@ def _is_number(value: Any) -> bool:
 
 # what a refused value of epochs is told: the field always holds a number
 _EPOCHS_HINT = "; 1000, its default, is no limit in data"
-# seeds below it: torch.manual_seed takes [-2**63, 2**64), and the batcher multiplies the seed
-# by 1_000_003 (recipe.token_batches)
-_SEED_LIMIT = 2**32
 
 
+# %% ../book/eng_configuration.ipynb #cfg8typ3
 def _check_types(config: TrainConfig) -> None:
     """ValueError, naming the field, for a value not of its field's type: an integer where the
     field counts, a number, True or False, a string, a dict of strings; numbers of other types
-    (numpy's) made ints and floats, betas a tuple of two floats."""
-    try:
-        betas = tuple(config.betas)
-    except TypeError:  # not a sequence: one number, say
-        betas = ()
-    if len(betas) != 2 or not all(_is_number(b) for b in betas):
-        raise ValueError(f"betas={config.betas!r} must be two numbers in [0, 1)")
-    config.betas = tuple(float(b) for b in betas)
+    (numpy's) made ints and floats. betas, checked before it, are skipped."""
     hints = typing.get_type_hints(type(config))
     for f in fields(config):
         value, kinds = getattr(config, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
@@ -314,6 +312,12 @@ def _check_types(config: TrainConfig) -> None:
                 isinstance(x, str) for x in [*value, *value.values()]
             ):
                 raise ValueError(f"{f.name}={value!r} must be a dict of strings")
+
+
+# %% ../book/eng_configuration.ipynb #e0491563
+# seeds below it: torch.manual_seed takes [-2**63, 2**64), and the batcher multiplies the seed
+# by 1_000_003 (recipe.token_batches)
+_SEED_LIMIT = 2**32
 
 
 def _check_ranges(config: TrainConfig) -> None:
@@ -438,9 +442,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                 epochs=30, max_minutes=10.0, average_last=5, log_every=10, eval_epochs=2.0,
                 checkpoint_minutes=2.0),
 }
-# A GPU without bfloat16, such as Colab's free T4: the cpu preset's model and recipe for the 20
-# epochs its hour saw, capped at half an hour, a validation point at each epoch's end and last.pt
-# by the clock (the run folder may live on a slow network drive).
+# Any other CUDA GPU (without bfloat16, such as Colab's free T4, or with less memory): the cpu
+# preset's model and recipe for the 20 full epochs of its hour with the default draw of attention
+# (results/earlier/cpu_default_init.json), capped at half an hour, a validation point at each
+# epoch's end and last.pt by the clock (the run folder may live on a slow network drive).
 PRESETS["colab"] = {**PRESETS["cpu"], "epochs": 20, "max_minutes": 30.0, "eval_epochs": 1.0,
                     "checkpoint_minutes": 2.0}
 
