@@ -220,8 +220,9 @@ def test_a_wrong_command_is_caught():
 
 
 def test_max_steps_is_compared_for_every_record():
-    """The page's rules supply max_steps=None for a record that stores none, so a budget of steps the
-    run did not have is caught, not only in the three records that store one."""
+    """No record's config stores max_steps: the page's rules supply None for a record whose overrides
+    name none and whose minutes were capped, so a budget of steps the run did not have is caught,
+    not only in the three records whose overrides name one."""
     name = "earlier/cpu_default_init"
     assert "max_steps" not in RECORDS[name]["config"] and recorded(RECORDS[name])["max_steps"] is None
     wrong = COMMANDS[name] + " --set max_steps=2483"
