@@ -32,6 +32,23 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch):
         check_runtime(CPU, "bf16")
 
 
+def test_amp_auto_chooses_without_a_word_and_bf16_by_name_tells_the_reader_why(monkeypatch):
+    """What a user of a CPU sees: amp=auto takes bfloat16 where the CPU computes it and float32 elsewhere, silently;
+    amp=bf16 asked for by name on a CPU without the instructions warns once, with the devices page's words."""
+    for native, chosen in ((True, torch.bfloat16), (False, None)):
+        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
+        assert runtime.resolve_amp("auto", CPU) == chosen
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            check_runtime(CPU, "auto")
+    with pytest.warns(UserWarning) as caught:
+        check_runtime(CPU, "bf16")
+    assert [str(w.message) for w in caught] == [
+        "amp=bf16: this CPU has no bfloat16 instructions, so PyTorch emulates them, and a training step may be "
+        "slower than in float32; amp=auto chooses for you"]
+    assert caught[0].filename == __file__  # the warning points at the caller's line, not into the library
+
+
 @pytest.mark.parametrize("machine, flags, expected", [
     ("x86_64", "fpu sse2 avx2 avx512f avx512bw avx512_bf16", True),   # Cooper Lake, Zen 4
     ("x86_64", "fpu sse2 avx2 avx512f avx512bw amx_tile amx_bf16", True),  # AMX
