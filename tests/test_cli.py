@@ -109,7 +109,7 @@ def test_evaluate_on_files(workdir, capsys, monkeypatch):
 def test_evaluate_refuses_a_corpus_run_without_src_and_ref(workdir, capsys, monkeypatch):
     """A corpus run records direction de-en, which says nothing of its languages: a Multi30k split would score it on
     other text, so evaluate asks for --src and --ref, before it reads any Multi30k file."""
-    from transformer_lib import cli
+    from transformer_lib import records
     from transformer_lib.checkpoints import load_checkpoint
 
     files = dict(train_src="train.de", train_tgt="train.en", val_src="val.de", val_tgt="val.en")
@@ -117,12 +117,12 @@ def test_evaluate_refuses_a_corpus_run_without_src_and_ref(workdir, capsys, monk
     save_checkpoint({**state, "train_config": TrainConfig.from_preset("tiny", **files).to_dict()},
                     workdir / "corpus.pt")
     monkeypatch.chdir(workdir)
-    monkeypatch.setattr(cli, "load_multi30k", lambda *args, **kwargs: pytest.fail("read Multi30k"))
+    monkeypatch.setattr(records, "load_multi30k", lambda *args, **kwargs: pytest.fail("read Multi30k"))
     for split in ([], ["--split", "val"]):
         assert main(["evaluate", "-c", "corpus.pt", "--device", "cpu", *split]) == EXIT_USAGE
         assert capsys.readouterr().err.strip().splitlines() == [
-            "error: corpus.pt was trained on corpus files, not on Multi30k: score it on files of its own, with --src "
-            "and --ref"]
+            "error: corpus.pt was trained on corpus files, not on Multi30k: score it on files of its own "
+            "(evaluate --src --ref)"]
     (workdir / "test.de").write_bytes("Ein Hund.\n".encode())
     (workdir / "test.en").write_bytes(b"A dog.\n")
     args = ["evaluate", "-c", "corpus.pt", "--device", "cpu", "--beam", "1", "--quiet", "--src", "test.de", "--ref",

@@ -263,10 +263,10 @@ def test_a_corpus_run_is_not_scored_on_multi30k(translator, tmp_path, monkeypatc
     files = dict(train_src="train.de", train_tgt="train.en", val_src="val.de", val_tgt="val.en")
     checkpoint(translator, tmp_path / "model.pt", train_config=TrainConfig.from_preset("cpu", **files).to_dict())
     monkeypatch.setattr(records, "load_multi30k", lambda *args, **kwargs: pytest.fail("read Multi30k"))
-    with pytest.raises(ValueError, match=r"model\.pt was trained on corpus files: a corpus run is scored on its own "
-                                         r"files \(evaluate --src --ref\), not on Multi30k's splits"):
+    with pytest.raises(ValueError, match=r"model\.pt was trained on corpus files, not on Multi30k: score it on files of "
+                                         r"its own \(evaluate --src --ref\)"):
         evaluate_checkpoint(tmp_path / "model.pt", splits=("val",), device="cpu")
-    with pytest.raises(ValueError, match="was trained on corpus files: a corpus run is scored on its own files"):
+    with pytest.raises(ValueError, match=r"model\.pt was trained on corpus files, not on Multi30k"):
         learning_curve(tmp_path, device="cpu")
 
 

@@ -66,7 +66,7 @@ def main() -> None:
 
     if args.val_only:
         translator = Translator.from_checkpoint(args.run_dir / args.model)
-        pairs = directed(load_multi30k("val"), translator.info.get("train_config", {}).get("direction", "de-en"))
+        pairs = records.multi30k_pairs_for(translator, "val", name=args.run_dir / args.model)  # not a corpus run
         for beam in args.beam:
             for alpha in args.alpha:
                 s = evaluate_bleu(translator, pairs, beam, alpha=alpha)

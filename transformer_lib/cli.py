@@ -21,7 +21,7 @@ import torch
 
 from .checkpoints import CheckpointError
 from .config import CORPUS_FIELDS, PRESETS, TrainConfig, parse_overrides
-from .data import SPLITS, DataError, directed, load_multi30k, read_lines
+from .data import SPLITS, DataError, read_lines
 from .runtime import UnsupportedSetting, check_device, keep_freed_memory
 from .runtime import machine_preset, resolve_device
 from .translate import Translator, evaluate_bleu
@@ -312,14 +312,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
         name = f"{args.src} against {args.ref}"
     writable_output(args.output)
     translator = load_translator(args)
-    if args.src is None:
-        trained = translator.info.get("train_config", {})
-        if trained.get("train_src") is not None:  # Multi30k would score it on other text
-            raise CommandError(f"{args.checkpoint} was trained on corpus files, not on Multi30k: "
-                               "score it on files of its own, with --src and --ref", EXIT_USAGE)
-        # Multi30k's pairs in the direction the model was trained for, as training took them
-        pairs = directed(load_multi30k(args.split, args.data_dir),
-                         trained.get("direction", "de-en"))
+    if args.src is None:  # Multi30k's pairs in the direction the model was trained for
+        from transformer_lib.records import multi30k_pairs_for  # here: translating needs none of it
+
+        try:  # not for a corpus run: Multi30k would score it on other text
+            pairs = multi30k_pairs_for(translator, args.split, args.data_dir, args.checkpoint)
+        except ValueError as err:
+            raise CommandError(str(err), EXIT_USAGE) from None
         sources, references = [s for s, _ in pairs], [r for _, r in pairs]
         name = f"Multi30k {args.split}"
     scores = evaluate_bleu(translator, list(zip(sources, references)), args.beam,
