@@ -30,7 +30,7 @@ NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize
 # (The cores this process may use; not nproc, which answers OMP_NUM_THREADS when it is set.)
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count())" 2>/dev/null || echo 2)
 PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile \
-          --no-loadscope-reorder --durations=12
+          --no-loadscope-reorder --durations=12 --junitxml=_build/junit-$@.xml
 # Another numerical path through the same maths: PyTorch's kernels without hand-vectorised code and MKL's
 # matrix products on its reproducible AVX path (no fused multiply-add, unlike the AVX2 and AVX-512 paths it
 # takes by default). Stored outputs must not depend on the path, so both runs compare the same ones. (MKL's SSE2
@@ -95,7 +95,8 @@ test-colab-versions: env-colab
 	@mkdir -p _build; $(MAKE) --no-print-directory colab COLAB_PYTHON=$(COLAB_VENV)/bin/python \
 	  COLAB_TORCH=$(COLAB_VERSIONS_TORCH) COLAB_PACKAGES_FROM=$(COLAB_VENV)/bin/python > _build/colab.log 2>&1 & colab=$$!; \
 	NOTEBOOK_KERNEL_ENV="$(OTHER_KERNELS)" TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(COLAB_VENV)/bin/python -m pytest \
-	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 -q $(NBVAL) --ignore=tests/browser \
+	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 --junitxml=_build/junit-$@.xml \
+	  -q $(NBVAL) --ignore=tests/browser \
 	  tests book; status=$$?; \
 	wait $$colab; colab_status=$$?; echo "== Colab-like runs"; cat _build/colab.log; \
 	test $$status -eq 0 && test $$colab_status -eq 0
