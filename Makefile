@@ -29,7 +29,7 @@ NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize
 # (conftest.py orders them by tests/durations.json).
 # (The cores this process may use; not nproc, which answers OMP_NUM_THREADS when it is set.)
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count())" 2>/dev/null || echo 2)
-PYTEST := TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile \
+PYTEST = TRANSFORMER_LIB_PRESET=tiny OMP_NUM_THREADS=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile \
           --no-loadscope-reorder --durations=12 --junitxml=_build/junit-$@.xml
 # Another numerical path through the same maths: PyTorch's kernels without hand-vectorised code and MKL's
 # matrix products on its reproducible AVX path (no fused multiply-add, unlike the AVX2 and AVX-512 paths it
