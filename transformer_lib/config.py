@@ -259,8 +259,8 @@ def _check_train_config(config: TrainConfig) -> None:
     _check_types(config)  # each other value of its field's type (below)
     values = [(f.name, getattr(config, f.name)) for f in fields(config)]
     for name, value in values + [("betas", b) for b in config.betas]:
-        # NaN fails every comparison (nan <= 0 is False): without this it would pass each range
-        # check; any number type (numpy's float32 is no float) that converts to a float is checked
+        # NaN fails every comparison, so a range check such as value <= 0 lets it through, and inf
+        # passes a budget's; any number type that converts to a float is checked (numpy's too)
         if _is_number(value) and not math.isfinite(float(value)):
             raise ValueError(f"{name}={value} must be a finite number")
     config.model_config(config.vocab_size)  # TransformerConfig checks the model's fields
