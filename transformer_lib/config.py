@@ -315,8 +315,8 @@ def _check_types(config: TrainConfig) -> None:
 
 
 # %% ../book/eng_configuration.ipynb #e0491563
-# seeds below it: torch.manual_seed takes [-2**63, 2**64), and the batcher multiplies the seed
-# by 1_000_003 (recipe.token_batches)
+# a chosen bound, with a wide margin: the batcher seeds torch with seed * 1_000_003 + epoch
+# (recipe.token_batches), and torch.manual_seed takes [-2**63, 2**64)
 _SEED_LIMIT = 2**32
 
 
@@ -435,20 +435,20 @@ PRESETS: dict[str, dict[str, Any]] = {
                 dropout=0.1, inner_dropout_from=0.5, max_tokens=2000, warmup=800, lr_factor=0.5,
                 cooldown=0.4, epochs=1000, max_minutes=60.0, average_last=5,
                 snapshot_minutes=10.0, attention_init="packed"),
-    # a budget in data, 30 epochs, capped at 10 minutes; a validation point every 2 epochs (the
-    # section below)
-    "gpu": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048,
-                dropout=0.1, norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4,
-                epochs=30, max_minutes=10.0, average_last=5, log_every=10, eval_epochs=2.0,
-                checkpoint_minutes=2.0),
 }
 # Any other CUDA GPU (without bfloat16, such as Colab's free T4, or with less memory): the cpu
-# preset's model and recipe for the 20 full epochs of its hour with the default draw of attention
-# (results/earlier/cpu_default_init.json), capped at half an hour, a validation point at each
-# epoch's end and last.pt by the clock (the run folder may live on a slow network drive).
+# preset's model and recipe, its packed draw of attention included, for 20 epochs, the full epochs
+# of an older hour of the preset with the default draw (results/earlier/cpu_default_init.json);
+# capped at half an hour, a validation point at each epoch's end and last.pt by the clock (the
+# run folder may live on a slow network drive).
 PRESETS["colab"] = {**PRESETS["cpu"], "epochs": 20, "max_minutes": 30.0, "eval_epochs": 1.0,
                     "checkpoint_minutes": 2.0}
-
+# a budget in data, 30 epochs, capped at 10 minutes; a validation point every 2 epochs (the
+# section below)
+PRESETS["gpu"] = dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048,
+                      dropout=0.1, norm_first=True, max_tokens=20000, warmup=1000, cooldown=0.4,
+                      epochs=30, max_minutes=10.0, average_last=5, log_every=10,
+                      eval_epochs=2.0, checkpoint_minutes=2.0)
 
 # %% ../book/eng_configuration.ipynb #66377c97
 def _parse_value(name: str, text: str, kind: Any) -> Any:
