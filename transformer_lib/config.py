@@ -272,7 +272,7 @@ def _check_train_config(config: TrainConfig) -> None:
                              f"{', '.join(allowed)}")
     _check_device(config.device)  # a CPU, a CUDA GPU or an Apple GPU, as PyTorch names them
 
-# %% ../book/eng_configuration.ipynb #cfg8typ1
+
 def _is_number(value: Any) -> bool:
     """Whether value is a number of any type that converts to a float (numpy's float32 is no
     float, nor a tensor), and not a bool or a str."""
@@ -283,7 +283,6 @@ def _is_number(value: Any) -> bool:
 _EPOCHS_HINT = "; 1000, its default, is no limit in data"
 
 
-# %% ../book/eng_configuration.ipynb #cfg8typ3
 def _check_types(config: TrainConfig) -> None:
     """ValueError, naming the field, for a value not of its field's type: an integer where the
     field counts, a number, True or False, a string, a dict of strings; numbers of other types
@@ -314,7 +313,6 @@ def _check_types(config: TrainConfig) -> None:
                 raise ValueError(f"{f.name}={value!r} must be a dict of strings")
 
 
-# %% ../book/eng_configuration.ipynb #e0491563
 # a chosen bound, with a wide margin: the batcher seeds torch with seed * 1_000_003 + epoch
 # (recipe.token_batches), and torch.manual_seed takes [-2**63, 2**64)
 _SEED_LIMIT = 2**32
@@ -398,7 +396,7 @@ def _check_device(device: str) -> None:
     if kind is not None and kind not in _DEVICE_KINDS:
         raise ValueError(f"device={device!r} must be auto, cpu, cuda, cuda:N or mps")
 
-# %% ../book/eng_configuration.ipynb #9e423251
+
 CORPUS_FIELDS = ("train_src", "train_tgt", "val_src", "val_tgt")
 
 
