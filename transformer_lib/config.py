@@ -95,7 +95,7 @@ class _Optimisation:
 class _Length:
     """The budget, whichever of its limits comes first, and the averaging that ends it."""
 
-    epochs: int = 1000  # passes over the training pairs (1000: no limit in data)
+    epochs: int = 1000  # passes over the training pairs (1000: out of any run's reach)
     max_steps: int | None = None  # optimiser steps
     max_minutes: float | None = 60.0  # training time, across resumes
     # average the weights of the last k validation points at the end (1: no averaging)
