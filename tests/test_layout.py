@@ -1,4 +1,4 @@
-"""Every page reads well on the site at a laptop's width and in Colab and Jupyter (CONTRIBUTING.md, "Layout").
+"""Every page reads well on the site at a laptop's width and in Colab and Jupyter (CONTRIBUTING.md, "Page layout").
 
 Each check runs on every notebook, one test per page, so that a failure names the page and the cells:
 
