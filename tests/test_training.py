@@ -422,6 +422,24 @@ def test_checkpoint_round_trip_and_errors(tmp_path):
         load_checkpoint(tmp_path / "foreign.pt")
 
 
+def test_a_file_neither_zip_nor_pickle_is_not_a_checkpoint_and_not_called_corrupt(tmp_path):
+    (tmp_path / "notes.pt").write_text("not a checkpoint", encoding="utf-8")
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(tmp_path / "notes.pt")
+    assert "notes.pt is not a checkpoint" in str(caught.value) and "corrupt" not in str(caught.value)
+    state = {"format": "transformer_lib.training/1", "w": torch.arange(3.0)}
+    path = save_checkpoint(state, tmp_path / "c.pt")
+    data = path.read_bytes()
+    assert data[:4] == b"PK\x03\x04"  # torch.save's zip archive
+    for cut in (data[:2], data[: len(data) // 2], b""):  # a damaged zip archive, an empty file
+        (tmp_path / "cut.pt").write_bytes(cut)
+        with pytest.raises(CheckpointError, match="cut.pt is truncated or corrupt"):
+            load_checkpoint(tmp_path / "cut.pt")
+    torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)  # a pickle
+    assert (tmp_path / "old.pt").read_bytes()[:1] == b"\x80"
+    assert torch.equal(load_checkpoint(tmp_path / "old.pt")["w"], torch.arange(3.0))
+
+
 def test_config_mismatch_names_the_fields():
     saved = {"d_model": 64, "n_heads": 2, "vocab_size": 500}
     check_model_config(saved, dict(saved), "run/last.pt")

@@ -43,16 +43,23 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     CheckpointError if unusable. mmap: the tensors are read from the file only when used (to read a
     checkpoint's settings).
 
-    "Corrupt" only for a file that does not unpickle; a file that cannot be read (permissions, a
-    drive gone) says so, and no message advises deleting a file that may be the run's only
-    checkpoint."""
+    "Not a checkpoint" for a file that is neither a zip archive nor a pickle; "corrupt" only for one
+    that begins as one and does not unpickle; a file that cannot be read (permissions, a drive
+    gone) says so, and no message advises deleting a file that may be the run's only checkpoint."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: train a model first, or check the path")
     try:
         with open(path, "rb") as f:
-            f.read(1)
+            head = f.read(4)
+        # torch.save writes a zip archive (PK\x03\x04), older versions a pickle (0x80); an empty
+        # file or a shorter start of a zip archive is a cut file, which torch.load calls corrupt
+        if head[:1] != b"\x80" and not b"PK\x03\x04".startswith(head):
+            raise CheckpointError(f"{path} is not a checkpoint: neither a zip archive, as "
+                                  "torch.save writes, nor a pickle; check the path")
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except CheckpointError:
+        raise
     # this process cannot read the file, which may well be sound
     except (OSError, MemoryError) as err:
         # EINVAL: a seek past the end of a cut file

@@ -230,8 +230,9 @@ class LossComputation(nn.Module):
 def compile_for_shapes(net: nn.Module, shapes: int | None) -> nn.Module:
     """torch.compile'd net: one dynamic graph (shapes None), or a static graph for each of `shapes`
     batch shapes. Dynamo compiles at most recompile_limit graphs of a function (8) and runs the rest
-    eagerly: the limit is raised to cover every shape twice, since the late inner-dropout switch
-    changes the rates each graph holds."""
+    eagerly: the limit is raised to cover every shape twice. A trainer needs one graph a shape,
+    since Trainer.set_inner_dropout resets Dynamo when late inner dropout switches; twice covers a
+    caller that switches the rates without a reset, which torch 2.13 recompiles for."""
     if shapes is not None:
         from torch import _dynamo  # imported only when compiling: it takes a few seconds
 
