@@ -521,7 +521,8 @@ SCRIPT = textwrap.dedent(
     from transformer_lib.training_run import train
     config = TrainConfig.from_preset(
         "tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1,
-        train_subset=300, max_tokens=400, warmup=20, cooldown=0.5, epochs=5, log_every=3, average_last=2, seed=7)
+        train_subset=300, max_tokens=400, warmup=20, cooldown=0.5, epochs=5, log_every=3, average_last=2, seed=7,
+        checkpoint_every=2)  # last.pt every 2 steps: the kill lands in the middle of an epoch
     train(config, sys.argv[1], resume=sys.argv[2] == "resume", progress=False,
           tokenizer=BPETokenizer.load(sys.argv[3]))
     """
@@ -553,6 +554,7 @@ def test_killed_run_resumes_to_identical_weights_and_losses(tmp_path, small_toke
     assert victim.wait() == -signal.SIGKILL
     first = load_checkpoint(killed / "last.pt")
     assert first["epoch"] < 5, "the run finished before it could be killed"
+    assert first["position"] > 0, "killed at an epoch's end, not in the middle of one"
     resumed = _run(killed, "resume", small_tokenizer)
     for proc in (reference, resumed):
         _, err = proc.communicate(timeout=120)
