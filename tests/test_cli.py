@@ -236,3 +236,19 @@ def test_translate_prints_into_a_text_stream_without_bytes_underneath(workdir, m
     monkeypatch.setattr(sys, "stdout", out)
     assert main(["translate", "-c", str(workdir / "model.pt"), "--beam", "2", "--quiet", *SENTENCES]) == EXIT_OK
     assert out.getvalue().split("\n") == [*translations(workdir, SENTENCES, 2), ""]
+
+
+def test_a_failed_worker_exits_1_which_the_help_lists_as_the_environment(tmp_path, capsys, monkeypatch):
+    """A worker of torchrun that failed (out of memory, say) is no fault of the input: code 1 says "or environment"."""
+    from transformer_lib.distributed import ProcessFailure
+
+    def failed(*args, **kwargs):
+        raise ProcessFailure("rank 0: lost another process of the run (rank 1 exited)")
+
+    monkeypatch.setattr("transformer_lib.training_run.train", failed)
+    assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "r"), "--quiet"]) == EXIT_INPUT
+    assert "error: rank 0: lost another process of the run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{EXIT_INPUT} unusable input or environment (files, data, a failed worker)" in text

@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="transformer-lib",
         description="Train, evaluate and use the German-to-English Transformer of the book.",
         epilog="Run `transformer-lib COMMAND --help` for the options of a command. Exit codes: 0 "
-               "success, 1 unusable input (files, data), 2 wrong usage or unusable checkpoint, 130 "
-               "interrupted.")
+               "success, 1 unusable input or environment (files, data, a failed worker), 2 wrong "
+               "usage or unusable checkpoint, 130 interrupted.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(
