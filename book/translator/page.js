@@ -96,7 +96,8 @@
       $("bt-status").textContent = "The model's files did not load: the box works on the book's site, built with make html.";
       return;
     }
-    state.translator = new window.BookTranslator(window.TRANSLATOR_MODEL);
+    try { state.translator = new window.BookTranslator(window.TRANSLATOR_MODEL); }
+    catch (e) { $("bt-status").textContent = "The model cannot run here: " + e.message; return; }
     const c = state.translator.config;
     for (let l = 0; l < c.n_decoder_layers; l++) $("bt-layer").add(new Option(`layer ${l + 1}`, l));
     $("bt-layer").value = c.n_decoder_layers - 1;

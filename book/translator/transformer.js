@@ -30,6 +30,8 @@
   const S = "\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
   const PRETOKEN = new RegExp(
     ` ?[\\p{L}\\p{Nl}\\p{No}]+| ?\\p{Nd}+| ?[^${S}\\p{L}\\p{N}]+|[${S}]+(?![^${S}])|[${S}]+`, "gu");
+  const PATTERN = " ?[^\\W\\d_]+| ?\\d+| ?(?:[^\\s\\w]|_)+|\\s+(?!\\S)|\\s+";  // the pattern PRETOKEN spells out
+  const BLANK = new RegExp(`^[${S}]*$`, "u");  // what Python's str.strip() leaves empty
   function pretokenize(text) { return Array.from(text.matchAll(PRETOKEN), (m) => m[0]); }
 
   function Tokenizer(merges) {
@@ -208,6 +210,8 @@
   function argmax(a) { let b = 0; for (let i = 1; i < a.length; i++) if (a[i] > a[b]) b = i; return b; }
 
   function BookTranslator(model) {
+    if (model.pattern !== PATTERN)  // a tokenizer trained with another pattern needs PRETOKEN rewritten
+      throw new Error(`the tokenizer's pattern ${model.pattern} is not the one this page implements, ${PATTERN}`);
     this.config = model.config;
     this.W = loadWeights(model);
     this.tokenizer = new Tokenizer(model.merges);
@@ -222,7 +226,7 @@
   // The budget is output_budget's min(S + 50, max_len) tokens: decoding always stops.
   BookTranslator.prototype.greedySteps = function* (text) {
     const c = this.config, result = { text: "", ids: [], source: [], attention: [], note: "" };
-    if (!text.trim()) { result.note = "An empty sentence translates to an empty one."; yield result; return result; }
+    if (BLANK.test(text)) { result.note = "An empty sentence translates to an empty one."; yield result; return result; }
     const src = this.source(text);
     if (src.cut) result.note = `The sentence is longer than ${src.limit} tokens, the most the model has positions for: it was truncated to its first ${src.limit} tokens.`;
     result.source = src.ids;

@@ -83,6 +83,8 @@ def test_the_drawn_attention_rows_sum_to_one_and_a_caption_is_fast(page):
 
 @pytest.mark.parametrize("text", [
     "",  # an empty box
+    "\x1c \u3000\n",  # only characters Python's str.isspace() calls space: empty, as in Python
+    "\ufeff",  # a byte-order mark, which JavaScript's trim() would remove: a sentence, as in Python
     "Ein Hund 🐕 rennt 🌊.",  # emoji
     "\u200fEin Mann\u200e liest.",  # right-to-left and left-to-right marks
     "Ein \u0fd5 \U0001d54f \ufffd Mann.",  # characters whose bytes no merge covers
