@@ -61,12 +61,11 @@ def main() -> None:
     parser.add_argument("--model", default="model.pt", help="the checkpoint to score (last.pt: a stopped run)")
     parser.add_argument("--limit", type=int, default=None, help="score the first N pairs of each split (a dry run)")
     args = parser.parse_args()
-    if args.limit is not None:  # evaluate_checkpoint and learning_curve read the splits through this name
-        records.load_multi30k = lambda split, data_dir=None: load_multi30k(split, data_dir)[: args.limit]
 
     if args.val_only:
         translator = Translator.from_checkpoint(args.run_dir / args.model)
-        pairs = records.multi30k_pairs_for(translator, "val", name=args.run_dir / args.model)  # not a corpus run
+        pairs = records.multi30k_pairs_for(translator, "val", name=args.run_dir / args.model,  # not a corpus run
+                                           limit=args.limit)
         for beam in args.beam:
             for alpha in args.alpha:
                 s = evaluate_bleu(translator, pairs, beam, alpha=alpha)
@@ -76,10 +75,10 @@ def main() -> None:
         parser.error("give OUT and one --beam and --alpha (or --val-only)")
     beam, alpha = args.beam[0], args.alpha[0]
     record = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=beam, alpha=alpha,
-                                 command=args.command, keep_hypotheses=args.hypotheses)
+                                 command=args.command, keep_hypotheses=args.hypotheses, limit=args.limit)
     for split, lines in record.pop("hypotheses", {}).items():  # beside the record, for paired_bootstrap later
         args.out.with_name(f"{args.out.stem}.{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    greedy = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=1)
+    greedy = evaluate_checkpoint(args.run_dir / args.model, args.splits, beam_size=1, limit=args.limit)
     record["bleu_greedy"] = greedy["bleu"]
     translator = Translator.from_checkpoint(args.run_dir / args.model)
     state = translator.info
@@ -108,7 +107,7 @@ def main() -> None:
     if args.model != "model.pt":
         record["checkpoint"] = f"{args.model} (the run stopped before its end, at step {record['steps']})"
     if args.curve:
-        record["learning_curve"] = learning_curve(args.run_dir, "val", beam, alpha)
+        record["learning_curve"] = learning_curve(args.run_dir, "val", beam, alpha, limit=args.limit)
     if args.notes:
         record["notes"] = args.notes
     args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -69,31 +69,36 @@ def device_description(device: str) -> str:
 
 
 def multi30k_pairs_for(translator: Translator, split: str, data_dir: str | Path | None = None,
-                       name: str | Path = "the model") -> list[tuple[str, str]]:
+                       name: str | Path = "the model",
+                       limit: int | None = None) -> list[tuple[str, str]]:
     """Multi30k's (source, reference) pairs of `split` in the direction the translator's run was
-    trained for; ValueError, naming the checkpoint `name`, for a run trained on a corpus of its own
-    (train_src), which Multi30k's splits would score on other text."""
+    trained for, the first `limit` of them if given; ValueError, naming the checkpoint `name`, for a
+    run trained on a corpus of its own (train_src), which Multi30k's splits would score on other
+    text."""
     train_config = translator.info.get("train_config", {})
     if train_config.get("train_src") is not None:
         raise ValueError(f"{name} was trained on corpus files, not on Multi30k: score it on files "
                          "of its own (evaluate --src --ref)")
-    return directed(load_multi30k(split, data_dir), train_config.get("direction", "de-en"))
+    pairs = directed(load_multi30k(split, data_dir), train_config.get("direction", "de-en"))
+    return pairs[:limit]
 
 
 def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2016"),
                         beam_size: int = 4, batch_size: int = 128, device: str = "auto",
                         data_dir: str | Path | None = None, command: str | None = None,
                         progress: bool = False, alpha: float = 1.0,
-                        keep_hypotheses: bool = False) -> dict[str, Any]:
+                        keep_hypotheses: bool = False, limit: int | None = None) -> dict[str, Any]:
     """BLEU of a trained run on Multi30k splits, with the facts of the run: the fields of
     results/*.json. ValueError for a run trained on a corpus of its own (train_src), which
     Multi30k's splits would score on other text, before any split is read.
 
     keep_hypotheses adds "hypotheses": {split: the translations}, to compare runs later
-    (paired_bootstrap)."""
+    (paired_bootstrap). limit scores the first `limit` pairs of each split: a dry run, not a
+    result."""
     translator = Translator.from_checkpoint(path, device)
     train_config = translator.info.get("train_config", {})
-    pairs = {split: multi30k_pairs_for(translator, split, data_dir, path) for split in splits}
+    pairs = {split: multi30k_pairs_for(translator, split, data_dir, path, limit)
+             for split in splits}
     history = translator.info.get("history", [])
     setup = next((r for r in history if r.get("kind") == "setup"), {})
     # logged as each start ends
@@ -127,12 +132,13 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("val", "test2
 # %% ../book/eng_records.ipynb #5c0e7a1d
 def learning_curve(run_dir: str | Path, split: str = "val", beam_size: int = 4, alpha: float = 1.0,
                    batch_size: int = 128, device: str = "auto", data_dir: str | Path | None = None,
-                   progress: bool = False) -> list[dict[str, Any]]:
+                   progress: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
     """BLEU on a Multi30k split of each snapshot a run kept (snapshot_minutes) and of its model.pt,
-    by training minutes; ValueError for a run trained on a corpus of its own (train_src)."""
+    by training minutes; ValueError for a run trained on a corpus of its own (train_src). limit
+    scores the first `limit` pairs of the split: a dry run, not a result."""
     run_dir = Path(run_dir)
     translator = Translator.from_checkpoint(run_dir / "model.pt", device)
-    pairs = multi30k_pairs_for(translator, split, data_dir, run_dir / "model.pt")
+    pairs = multi30k_pairs_for(translator, split, data_dir, run_dir / "model.pt", limit)
     final = {k: v.clone() for k, v in translator.model.state_dict().items()}
     history = translator.info.get("history", [])
     points = []
