@@ -2,6 +2,7 @@
 numbers agree with each other (and with the presets that claim them). A failure here means a results file or a
 preset is wrong, not the library's code."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,21 @@ def test_the_two_draws_of_attention_differ_in_the_draw_alone_and_kept_their_tran
         for split in ("val", "test2016"):
             lines = (ROOT / "results" / f"{name}.{split}.txt").read_text(encoding="utf-8").splitlines()
             assert len(lines) == len(load_multi30k(split)) and sum(map(bool, lines)) == len(lines), (name, split)
+
+
+def test_the_shipped_model_s_two_decodings_are_the_float16_copy_its_card_scores():
+    """The tuning log pairs the shipped model's val translations at alpha 1 and 0.6 (tools/alpha_pair.py): a line per
+    sentence each, and the alpha-1 file scores what the model card says the float16 copy scores at beam 4, alpha 1."""
+    import sacrebleu
+
+    from transformer_lib.data import load_multi30k
+
+    refs = [en for _, en in load_multi30k("val")]
+    card = (ROOT / "transformer_lib" / "pretrained" / "MODEL_CARD.md").read_text(encoding="utf-8")
+    shipped = float(re.search(r"\| val \| beam 4, alpha 1\.0 \| [\d.]+ \| ([\d.]+) \|", card)[1])
+    for alpha in ("1", "0.6"):
+        path = ROOT / "results" / "shipped" / f"cpu_packed_5457.float16.alpha{alpha}.val.txt"
+        lines = path.read_text(encoding="utf-8").splitlines()
+        assert len(lines) == len(refs) and all(lines), alpha
+        if alpha == "1":
+            assert round(sacrebleu.corpus_bleu(lines, [refs]).score, 2) == shipped
