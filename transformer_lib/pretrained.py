@@ -158,8 +158,9 @@ def model_card(card: dict[str, Any]) -> str:
         "Short German descriptions of everyday scenes, like the image captions it learned from. "
         "Rare words, which "
         "the tokenizer cuts into many pieces, fail more often (chapter 14 of the book shows how); "
-        "sources of 17 "
-        "words or more score lower (chapter 13 measures it by length); other domains and names "
+        "the longest "
+        "sources, of 17 words or more, scored lower in chapter 13's measure by length, on too few "
+        "sentences to size the gap; other domains and names "
         "were not measured. It is a "
         "teaching model of a few million parameters, not a general translator.", "",
         "## Use", "",
