@@ -41,7 +41,8 @@ class RunClock:
         self.started: float | None = None  # when start() began this process's count
         self.last_save = time.perf_counter()
         self.last_point = 0.0  # training minutes at the last validation point
-        # seconds this process spent outside training steps, measured from t0 (train()'s start)
+        # seconds this process spent outside training steps, measured from t0 (set in train() once
+        # last.pt and the corpus are read)
         self.t0 = time.perf_counter() if t0 is None else t0
         self.overhead = dict.fromkeys(OVERHEAD_PARTS, 0.0)
 
