@@ -121,11 +121,11 @@ def start_processes(device: str = "auto", timeout_minutes: float = 10.0) -> Proc
                                      "process per GPU")
         where = torch.device("cuda", local_rank)
         torch.cuda.set_device(where)
-    owns = not dist.is_initialized()
+    owns, bound = not dist.is_initialized(), timedelta(minutes=timeout_minutes)
     if owns:
-        dist.init_process_group("nccl" if where.type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=timeout_minutes))
-    host = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=bound)
+    # agree_on between the hosts, under the same bound
+    host = dist.new_group(backend="gloo", timeout=bound) if dist.get_backend() != "gloo" else None
     slow = dist.new_group(backend="gloo", timeout=timedelta(hours=SLOW_WORK_HOURS))
     return Processes(where, dist.get_rank(), dist.get_world_size(), owns, host, slow)
 
