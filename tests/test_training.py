@@ -261,7 +261,8 @@ def test_overrides_from_the_command_line():
                              betas=(0.9, 0.99), amp="off", max_minutes=5.0)
     assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     for bad, match in [("warmup=soon", "warmup"), ("colour=blue", "colour"), ("d_model", "key=value"),
-                       ("norm_first=maybe", "norm_first")]:
+                       ("norm_first=maybe", "norm_first"), ("corpus_sha256=", "train fills it in"),
+                       ("corpus_sha256=none", "train fills it in")]:
         with pytest.raises(ValueError, match=match):
             parse_overrides([bad])
     with pytest.raises(ValueError, match="n_heads"):

@@ -492,5 +492,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
                 f"unknown setting {name!r}{_did_you_mean(name, hints)}; "
                 f"the settings are TrainConfig's fields: {', '.join(hints)}"
             )
+        if name == "corpus_sha256":  # even "corpus_sha256=" or "=none": the files' sums, not text
+            raise ValueError("corpus_sha256 cannot be set: train fills it in with the SHA-256 of "
+                             "the corpus files that train_src, train_tgt, val_src and val_tgt name")
         out[name] = _parse_value(name, text.strip(), hints[RENAMED.get(name, name)])
     return renamed_fields(out)  # an old name typed: a FutureWarning, and the new name
